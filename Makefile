@@ -1,0 +1,24 @@
+# `make demo` and `make test` each bootstrap .venv first (scripts/bootstrap.sh; idempotent).
+VENV ?= .venv
+PY := $(CURDIR)/$(VENV)/bin/python
+export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
+PYTEST_ARGS ?=
+
+.PHONY: venv test demo data-full clean-data
+
+venv:
+	./scripts/bootstrap.sh
+
+# The test command (README, .ci/run). pytest exits 5 when it collected no test: that is a failure too.
+test: venv
+	$(PY) -m pytest tests $(PYTEST_ARGS)
+
+demo: venv
+	./examples/demo.sh
+
+# Rebuild the full EN-DE corpus from Debian packages (network to Debian's archive needed).
+data-full: venv
+	./examples/data/prepare-en-de.sh data/en-de-full
+
+clean-data:
+	rm -rf data-bin

@@ -1,0 +1,84 @@
+#!/usr/bin/env python3
+"""Learn a joint subword model on a parallel corpus and apply it to every split.
+
+    python examples/data/tokenize_corpus.py --corpus data/en-de-sample --out data-bin/en-de-sample \
+        [--tokenizer spm|bpe] [--vocab 8000]
+
+Reads {train,valid,test}.{src,tgt}.gz, writes OUT/tok/{split}.{lang} (one tokenized sentence per
+line) and the model: OUT/spm.model (SentencePiece, joint unigram model, Python API: the PyPI wheel
+has no spm_train) or OUT/bpe.codes (subword-nmt joint BPE with --vocab merges). Detokenize with
+fairseq-generate's `--post-process sentencepiece` or `--post-process subword_nmt`.
+"""
+import argparse
+import gzip
+import io
+import os
+import random
+import sys
+
+
+def read_lines(path):
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        return [line.rstrip("\n") for line in f]
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--corpus", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--src", default="en")
+    p.add_argument("--tgt", default="de")
+    p.add_argument("--tokenizer", choices=["spm", "bpe"], default="spm")
+    p.add_argument("--vocab", type=int, default=8000,
+                   help="SentencePiece vocabulary size, or number of BPE merges (default 8000)")
+    p.add_argument("--max-train-sentences", type=int, default=2_000_000,
+                   help="sentences (both sides) used to learn the model")
+    p.add_argument("--seed", type=int, default=1)
+    args = p.parse_args()
+
+    splits = {}
+    for split in ("train", "valid", "test"):
+        for lang in (args.src, args.tgt):
+            path = os.path.join(args.corpus, f"{split}.{lang}.gz")
+            if not os.path.exists(path):
+                sys.exit(f"missing {path}: the corpus folder must hold train/valid/test.{{{args.src},{args.tgt}}}.gz")
+            splits[split, lang] = read_lines(path)
+    tok_dir = os.path.join(args.out, "tok")
+    os.makedirs(tok_dir, exist_ok=True)
+    learn = splits["train", args.src] + splits["train", args.tgt]
+    random.Random(args.seed).shuffle(learn)
+    learn = learn[: args.max_train_sentences]
+
+    if args.tokenizer == "spm":
+        import sentencepiece as spm
+
+        prefix = os.path.join(args.out, "spm")
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=iter(learn), model_prefix=prefix, vocab_size=args.vocab,
+            character_coverage=1.0, model_type="unigram", input_sentence_size=len(learn),
+            shuffle_input_sentence=False, num_threads=os.cpu_count() or 1,
+            # fairseq adds its own <s> </s> <pad> <unk>: keep SentencePiece's ids out of the pieces
+            bos_id=-1, eos_id=-1, pad_id=-1, unk_id=0, minloglevel=2,
+        )
+        sp = spm.SentencePieceProcessor(model_file=prefix + ".model")
+        encode = lambda lines: [" ".join(pieces) for pieces in sp.encode(lines, out_type=str)]
+    else:
+        from subword_nmt.learn_bpe import learn_bpe
+        from subword_nmt.apply_bpe import BPE
+
+        codes = os.path.join(args.out, "bpe.codes")
+        with open(codes, "w", encoding="utf-8") as f:
+            learn_bpe(io.StringIO("\n".join(learn) + "\n"), f, args.vocab, min_frequency=2)
+        with open(codes, encoding="utf-8") as f:
+            bpe = BPE(f)
+        encode = lambda lines: [bpe.process_line(line) for line in lines]
+
+    for (split, lang), lines in splits.items():
+        with open(os.path.join(tok_dir, f"{split}.{lang}"), "w", encoding="utf-8") as f:
+            for line in encode(lines):
+                f.write(line.strip() + "\n")
+    print(f"tokenized {args.corpus} with {args.tokenizer} ({args.vocab}) into {tok_dir}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,21 @@
+"""Model families of fairseq_ext. Importing this package registers every architecture.
+
+One small file per family (DESIGN.md §1). A new family adds its module name to FAMILIES; its
+`*_tiny` archs then join the shared test matrix in tests/ with no new test code.
+"""
+import importlib
+
+FAMILIES = [
+    "baseline",  # transformer_balanced (pre-norm 12/2) and its sizes
+]
+
+for _name in FAMILIES:
+    importlib.import_module(f"{__name__}.{_name}")
+
+
+def package_archs():
+    """Names of the architectures this package registers (from fairseq's registry), in order."""
+    from fairseq.models import ARCH_CONFIG_REGISTRY
+
+    return [name for name, fn in ARCH_CONFIG_REGISTRY.items()
+            if getattr(fn, "__module__", "").startswith(__name__ + ".")]

@@ -1,0 +1,53 @@
+"""Baselines the efficient variants are measured against.
+
+`transformer_balanced*`: the pre-norm 12-encoder / 2-decoder Transformer ("balanced" deep-encoder,
+shallow-decoder baseline of the CAN paper, and the deep-shallow setting of One Wide FFN). They are
+architectures of fairseq's own `transformer` model: only the defaults differ, so checkpoints, beam
+search and incremental decoding are fairseq's. Source/target embeddings and the output projection
+are shared (joined dictionary), as in the papers.
+"""
+from fairseq.models.transformer.transformer_legacy import base_architecture, transformer_wmt_en_de_big
+
+from ..compat import register_model_architecture
+
+
+def _balanced_defaults(args):
+    args.encoder_layers = getattr(args, "encoder_layers", 12)
+    args.decoder_layers = getattr(args, "decoder_layers", 2)
+    args.encoder_normalize_before = getattr(args, "encoder_normalize_before", True)
+    args.decoder_normalize_before = getattr(args, "decoder_normalize_before", True)
+    args.share_all_embeddings = getattr(args, "share_all_embeddings", True)
+
+
+@register_model_architecture("transformer", "transformer_balanced")
+def transformer_balanced(args):
+    """Base dims (512 / 2048 / 8 heads), pre-norm, 12 encoder / 2 decoder layers."""
+    _balanced_defaults(args)
+    base_architecture(args)
+
+
+@register_model_architecture("transformer", "transformer_balanced_big")
+def transformer_balanced_big(args):
+    """Big dims (1024 / 4096 / 16 heads, dropout 0.3), pre-norm, 12 encoder / 2 decoder layers."""
+    _balanced_defaults(args)
+    transformer_wmt_en_de_big(args)
+
+
+@register_model_architecture("transformer", "transformer_balanced_tiny")
+def transformer_balanced_tiny(args):
+    """Test / quick-start size: d=64, FFN 256, 4 heads, 3 encoder / 1 decoder layers, pre-norm."""
+    args.encoder_embed_dim = getattr(args, "encoder_embed_dim", 64)
+    args.encoder_ffn_embed_dim = getattr(args, "encoder_ffn_embed_dim", 256)
+    args.encoder_attention_heads = getattr(args, "encoder_attention_heads", 4)
+    args.decoder_embed_dim = getattr(args, "decoder_embed_dim", args.encoder_embed_dim)
+    args.decoder_ffn_embed_dim = getattr(args, "decoder_ffn_embed_dim", args.encoder_ffn_embed_dim)
+    args.decoder_attention_heads = getattr(args, "decoder_attention_heads", args.encoder_attention_heads)
+    args.encoder_layers = getattr(args, "encoder_layers", 3)
+    args.decoder_layers = getattr(args, "decoder_layers", 1)
+    transformer_balanced(args)
+
+
+# Bad flags the shared test matrix checks (arch, flags, text the build-time error must contain).
+BAD_FLAGS = [
+    ("transformer_balanced_tiny", ["--encoder-attention-heads", "5"], "divisible by num_heads"),
+]

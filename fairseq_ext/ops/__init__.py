@@ -1,0 +1,29 @@
+"""Python entry points of the csrc/ kernels.
+
+Every op has a plain PyTorch reference beside it; the reference is the spec and the test oracle, and
+the path taken whenever the compiled extension is absent or disabled. Set FAIRSEQ_EXT_NO_KERNELS=1 to
+force the references even when the extension is built.
+"""
+import os
+
+try:
+    from .. import _C  # noqa: F401  (loading it registers torch.ops.fairseq_ext.*)
+except ImportError as e:  # built without the extension, or the build failed: references only
+    _C = None
+    _IMPORT_ERROR = e
+else:
+    _IMPORT_ERROR = None
+
+
+def extension_loaded():
+    """True when fairseq_ext._C imported (its ops are registered under torch.ops.fairseq_ext)."""
+    return _C is not None
+
+
+def kernels_enabled():
+    """Whether models should call the compiled ops (extension present and not disabled by env)."""
+    return _C is not None and os.environ.get("FAIRSEQ_EXT_NO_KERNELS", "0") != "1"
+
+
+def build_info():
+    return _C.build_info() if _C is not None else f"extension not loaded ({_IMPORT_ERROR})"

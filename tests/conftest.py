@@ -1,0 +1,52 @@
+"""Shared fixtures: a small binarized EN-DE set cut from the committed sample, and model builders."""
+import gzip
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SAMPLE = os.path.join(REPO, "data", "en-de-sample")
+BIN = os.path.dirname(sys.executable)  # .venv/bin: fairseq-train etc.
+
+torch.set_num_threads(min(2, os.cpu_count() or 1))
+
+
+def clean_env(**extra):
+    """The environment of a CLI run: no torch.load override anywhere (checkpoints must load as is)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_FORCE_")}
+    env["PATH"] = BIN + os.pathsep + env.get("PATH", "")
+    env.setdefault("OMP_NUM_THREADS", "2")
+    env.update(extra)
+    return env
+
+
+def run(cmd, cwd=REPO, timeout=600, **env):
+    p = subprocess.run(cmd, cwd=cwd, env=clean_env(**env), capture_output=True, text=True, timeout=timeout)
+    if p.returncode != 0:
+        raise AssertionError(f"command failed ({p.returncode}): {' '.join(cmd)}\n--- stdout\n{p.stdout[-4000:]}"
+                             f"\n--- stderr\n{p.stderr[-6000:]}")
+    return p
+
+
+def _cut(src, dst, name, n):
+    with gzip.open(os.path.join(src, name), "rt", encoding="utf-8") as f:
+        lines = [next(f) for _ in range(n)]
+    with gzip.open(os.path.join(dst, name), "wt", encoding="utf-8") as f:
+        f.writelines(lines)
+
+
+@pytest.fixture(scope="session")
+def tiny_data(tmp_path_factory):
+    """Binarized data dir (joined dictionary, SentencePiece 1000) from the first lines of the sample:
+    2,000 training pairs, 100 valid, 100 test. Returns the dir with bin/, spm.model, tok/."""
+    root = tmp_path_factory.mktemp("tiny_data")
+    corpus = root / "corpus"
+    corpus.mkdir()
+    for split, n in (("train", 2000), ("valid", 100), ("test", 100)):
+        for lang in ("en", "de"):
+            _cut(SAMPLE, corpus, f"{split}.{lang}.gz", n)
+    run(["bash", os.path.join(REPO, "examples/data/binarize.sh"), str(corpus), str(root / "data"), "--vocab", "1000"])
+    return root / "data"

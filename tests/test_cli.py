@@ -1,0 +1,108 @@
+"""fairseq's own command-line tools with --user-dir fairseq_ext, end to end, on the committed sample:
+train -> resume -> average -> generate (sacrebleu) -> interactive, with no environment variable
+touching torch.load, and a crafted checkpoint refused."""
+import os
+import pickle
+import re
+
+import pytest
+import torch
+
+from conftest import REPO, run
+from matrix import USER_DIR
+
+
+@pytest.fixture(scope="module")
+def trained(tiny_data, tmp_path_factory):
+    save = tmp_path_factory.mktemp("ckpt")
+    common = [str(tiny_data / "bin"), "--user-dir", USER_DIR, "--cpu", "--task", "translation",
+              "--source-lang", "en", "--target-lang", "de", "--arch", "transformer_tiny",
+              "--share-all-embeddings", "--optimizer", "adam", "--lr", "2e-3",
+              "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "10",
+              "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
+              "--max-tokens", "2000", "--save-dir", str(save), "--save-interval-updates", "10",
+              "--keep-interval-updates", "3", "--log-format", "simple", "--log-interval", "5", "--seed", "3"]
+    first = run(["fairseq-train", *common, "--max-update", "30"])
+    resumed = run(["fairseq-train", *common, "--max-update", "40"])
+    return save, first.stdout + first.stderr, resumed.stdout + resumed.stderr
+
+
+def test_train_then_resume(trained):
+    save, first, resumed = trained
+    assert "done training" in first
+    m = re.search(r"Loaded checkpoint \S+checkpoint_last\.pt \(epoch (\d+) @ (\d+) updates\)", resumed)
+    assert m and int(m.group(2)) == 30, resumed[-3000:]
+    assert re.search(r"num_updates 40\b|num_updates=40\b|\| 40 updates", resumed), resumed[-3000:]
+    assert os.path.exists(save / "checkpoint_last.pt")
+
+
+def _generate(tiny_data, ckpt, extra=()):
+    p = run(["fairseq-generate", str(tiny_data / "bin"), "--user-dir", USER_DIR, "--cpu",
+             "--path", str(ckpt), "--gen-subset", "test", "--beam", "5", "--max-tokens", "4000",
+             "--scoring", "sacrebleu", "--post-process", "sentencepiece", *extra])
+    return p.stdout
+
+
+def test_generate_scores_with_sacrebleu(trained, tiny_data):
+    save, _, _ = trained
+    out = _generate(tiny_data, save / "checkpoint_last.pt")
+    assert re.search(r"Generate test with beam=5: BLEU = \d+\.\d+", out), out[-2000:]
+    hyps = [l for l in out.splitlines() if l.startswith("D-")]
+    assert len(hyps) == 100
+    assert not any("▁" in h for h in hyps), "detokenization (--post-process sentencepiece) did not apply"
+
+
+def test_average_checkpoints_then_generate(trained, tiny_data, tmp_path):
+    save, _, _ = trained
+    avg = tmp_path / "avg.pt"
+    run(["fairseq-ext-average-checkpoints", "--inputs", str(save), "--num-update-checkpoints", "3",
+         "--output", str(avg)])
+    from fairseq_ext.compat import load_checkpoint
+
+    inputs = [load_checkpoint(save / f"checkpoint_{e}_{u}.pt")["model"]
+              for e, u in _update_checkpoints(save)[-3:]]
+    averaged = load_checkpoint(avg)["model"]
+    for k, v in averaged.items():
+        expect = sum(s[k].double() for s in inputs) / 3
+        assert torch.allclose(v.double(), expect, atol=1e-6), k
+    assert "BLEU" in _generate(tiny_data, avg)
+
+
+def _update_checkpoints(save):
+    found = [re.fullmatch(r"checkpoint_(\d+)_(\d+)\.pt", f) for f in os.listdir(save)]
+    return sorted(((int(m.group(1)), int(m.group(2))) for m in found if m), key=lambda x: x[1])
+
+
+def test_interactive_translates_stdin(trained, tiny_data):
+    save, _, _ = trained
+    import subprocess
+    from conftest import clean_env
+
+    p = subprocess.run(
+        ["fairseq-interactive", str(tiny_data / "bin"), "--user-dir", USER_DIR, "--cpu",
+         "--path", str(save / "checkpoint_last.pt"), "--source-lang", "en", "--target-lang", "de",
+         "--beam", "4", "--bpe", "sentencepiece", "--sentencepiece-model", str(tiny_data / "spm.model")],
+        input="The house is small.\nThank you very much.\n", capture_output=True, text=True,
+        env=clean_env(), cwd=REPO, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert len([l for l in p.stdout.splitlines() if l.startswith("D-")]) == 2, p.stdout
+
+
+class _Exploit:
+    def __reduce__(self):
+        return (os.system, ("touch /tmp/fairseq_ext_pwned",))
+
+
+def test_crafted_checkpoint_is_refused(tmp_path):
+    """weights_only=True stays on: a checkpoint that would run code on load is rejected."""
+    import fairseq_ext  # noqa: F401  (installs the safe globals)
+    from fairseq import checkpoint_utils
+
+    marker = "/tmp/fairseq_ext_pwned"
+    if os.path.exists(marker):
+        os.remove(marker)
+    bad = tmp_path / "bad.pt"
+    torch.save({"model": {}, "args": _Exploit()}, bad)
+    with pytest.raises(pickle.UnpicklingError):
+        checkpoint_utils.load_checkpoint_to_cpu(str(bad))
+    assert not os.path.exists(marker)
