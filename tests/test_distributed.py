@@ -1,0 +1,62 @@
+"""fairseq's own data-parallel training (legacy_ddp over gloo, one process per rank) with the plugin:
+2 ranks x 1 batch per update must give the same model as 1 process x --update-freq 2.
+
+Rank r of 2 takes batches r, r+2, ... of the epoch; one process with --update-freq 2 groups batches
+(0, 1), (2, 3), ... into one update, so both see the same batches per update, and fairseq normalises
+the summed gradient by the summed sample size in both cases. Dropout is off so no random stream
+differs; what remains is float summation order (all-reduce vs local accumulation).
+"""
+import socket
+import subprocess
+
+import torch
+
+from conftest import REPO, clean_env, run
+from matrix import USER_DIR
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _common(data, save):
+    return [str(data / "bin"), "--user-dir", USER_DIR, "--cpu", "--task", "translation",
+            "--source-lang", "en", "--target-lang", "de", "--arch", "transformer_balanced_tiny",
+            "--dropout", "0", "--optimizer", "adam", "--lr", "1e-3", "--lr-scheduler", "fixed",
+            "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
+            "--max-tokens", "1000", "--max-update", "4", "--save-dir", str(save), "--no-epoch-checkpoints",
+            "--seed", "5", "--log-format", "simple", "--ddp-backend", "legacy_ddp"]
+
+
+def test_two_gloo_ranks_equal_one_process_with_update_freq_2(tiny_data, tmp_path):
+    single = tmp_path / "single"
+    run(["fairseq-train", *_common(tiny_data, single), "--update-freq", "2"], OMP_NUM_THREADS="1")
+
+    ddp = tmp_path / "ddp"
+    port = _free_port()
+    procs = [
+        subprocess.Popen(
+            ["fairseq-train", *_common(tiny_data, ddp), "--distributed-world-size", "2",
+             "--distributed-rank", str(rank), "--distributed-no-spawn", "--distributed-backend", "gloo",
+             "--distributed-init-method", f"tcp://127.0.0.1:{port}", "--device-id", str(rank)],
+            cwd=REPO, env=clean_env(OMP_NUM_THREADS="1"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            text=True)
+        for rank in range(2)
+    ]
+    outs = [p.communicate(timeout=600)[0] for p in procs]
+    for p, out in zip(procs, outs):
+        assert p.returncode == 0, out[-4000:]
+    assert "distributed init (rank 1)" in outs[1] or "distributed init (rank 1)" in outs[0], outs[0][-3000:]
+
+    from fairseq_ext.compat import load_checkpoint
+
+    a = load_checkpoint(single / "checkpoint_last.pt")
+    b = load_checkpoint(ddp / "checkpoint_last.pt")
+    assert a["optimizer_history"][-1]["num_updates"] == b["optimizer_history"][-1]["num_updates"] == 4
+    worst = max((a["model"][k] - b["model"][k]).abs().max().item() for k in a["model"])
+    print("max |single - ddp| =", worst)
+    assert worst < 1e-5, f"2-rank DDP differs from 1 process with --update-freq 2 by {worst}"
+    moved = max((a["model"][k].float().abs().max().item()) for k in a["model"])
+    assert moved > 0
