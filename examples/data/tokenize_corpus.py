@@ -8,6 +8,8 @@ Reads {train,valid,test}.{src,tgt}.gz, writes OUT/tok/{split}.{lang} (one tokeni
 line) and the model: OUT/spm.model (SentencePiece, joint unigram model, Python API: the PyPI wheel
 has no spm_train) or OUT/bpe.codes (subword-nmt joint BPE with --vocab merges). Detokenize with
 fairseq-generate's `--post-process sentencepiece` or `--post-process subword_nmt`.
+With --apply MODEL (an spm.model or bpe.codes), applies that model instead of learning one, e.g. to
+prepare a test set for a shipped checkpoint: --apply shipped/X/spm.model --splits test.
 """
 import argparse
 import gzip
@@ -34,10 +36,15 @@ def main():
     p.add_argument("--max-train-sentences", type=int, default=2_000_000,
                    help="sentences (both sides) used to learn the model")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--apply", metavar="MODEL", help="apply this spm.model / bpe.codes instead of learning one")
+    p.add_argument("--splits", default="train,valid,test", help="comma-separated splits to tokenize")
     args = p.parse_args()
+    split_names = args.splits.split(",")
+    if args.apply is None and "train" not in split_names:
+        p.error("learning a model needs the train split (or give --apply MODEL)")
 
     splits = {}
-    for split in ("train", "valid", "test"):
+    for split in split_names:
         for lang in (args.src, args.tgt):
             path = os.path.join(args.corpus, f"{split}.{lang}.gz")
             if not os.path.exists(path):
@@ -45,30 +52,38 @@ def main():
             splits[split, lang] = read_lines(path)
     tok_dir = os.path.join(args.out, "tok")
     os.makedirs(tok_dir, exist_ok=True)
-    learn = splits["train", args.src] + splits["train", args.tgt]
-    random.Random(args.seed).shuffle(learn)
-    learn = learn[: args.max_train_sentences]
+    if args.apply is not None:
+        args.tokenizer = "bpe" if args.apply.endswith(".codes") else "spm"
+    else:
+        learn = splits["train", args.src] + splits["train", args.tgt]
+        random.Random(args.seed).shuffle(learn)
+        learn = learn[: args.max_train_sentences]
 
     if args.tokenizer == "spm":
         import sentencepiece as spm
 
-        prefix = os.path.join(args.out, "spm")
-        spm.SentencePieceTrainer.train(
-            sentence_iterator=iter(learn), model_prefix=prefix, vocab_size=args.vocab,
-            character_coverage=1.0, model_type="unigram", input_sentence_size=len(learn),
-            shuffle_input_sentence=False, num_threads=os.cpu_count() or 1,
-            # fairseq adds its own <s> </s> <pad> <unk>: keep SentencePiece's ids out of the pieces
-            bos_id=-1, eos_id=-1, pad_id=-1, unk_id=0, minloglevel=2,
-        )
-        sp = spm.SentencePieceProcessor(model_file=prefix + ".model")
+        model_file = args.apply
+        if model_file is None:
+            model_file = os.path.join(args.out, "spm.model")
+            spm.SentencePieceTrainer.train(
+                sentence_iterator=iter(learn), model_prefix=model_file[: -len(".model")],
+                vocab_size=args.vocab, character_coverage=1.0, model_type="unigram",
+                input_sentence_size=len(learn), shuffle_input_sentence=False,
+                num_threads=os.cpu_count() or 1,
+                # fairseq adds its own <s> </s> <pad> <unk>: keep SentencePiece's ids out of the pieces
+                bos_id=-1, eos_id=-1, pad_id=-1, unk_id=0, minloglevel=2,
+            )
+        sp = spm.SentencePieceProcessor(model_file=model_file)
         encode = lambda lines: [" ".join(pieces) for pieces in sp.encode(lines, out_type=str)]
     else:
-        from subword_nmt.learn_bpe import learn_bpe
         from subword_nmt.apply_bpe import BPE
+        from subword_nmt.learn_bpe import learn_bpe
 
-        codes = os.path.join(args.out, "bpe.codes")
-        with open(codes, "w", encoding="utf-8") as f:
-            learn_bpe(io.StringIO("\n".join(learn) + "\n"), f, args.vocab, min_frequency=2)
+        codes = args.apply
+        if codes is None:
+            codes = os.path.join(args.out, "bpe.codes")
+            with open(codes, "w", encoding="utf-8") as f:
+                learn_bpe(io.StringIO("\n".join(learn) + "\n"), f, args.vocab, min_frequency=2)
         with open(codes, encoding="utf-8") as f:
             bpe = BPE(f)
         encode = lambda lines: [bpe.process_line(line) for line in lines]
@@ -77,7 +92,8 @@ def main():
         with open(os.path.join(tok_dir, f"{split}.{lang}"), "w", encoding="utf-8") as f:
             for line in encode(lines):
                 f.write(line.strip() + "\n")
-    print(f"tokenized {args.corpus} with {args.tokenizer} ({args.vocab}) into {tok_dir}")
+    how = args.apply or f"{args.tokenizer} {args.vocab}"
+    print(f"tokenized {', '.join(split_names)} of {args.corpus} with {how} into {tok_dir}")
 
 
 if __name__ == "__main__":
