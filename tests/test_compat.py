@@ -66,3 +66,16 @@ from fairseq_ext.models import package_archs
 print(ops.extension_loaded(), ops.kernels_enabled(), len(package_archs()))
 """)
     assert out.split()[:2] == ["False", "False"]
+
+
+def test_extension_built_by_bootstrap():
+    """scripts/bootstrap.sh builds fairseq_ext._C; it must load (unless deliberately skipped)."""
+    import os
+
+    import fairseq_ext.ops as ops
+
+    if os.environ.get("FAIRSEQ_EXT_NO_BUILD") == "1":
+        assert not ops.extension_loaded() or ops.build_info()
+        return
+    assert ops.extension_loaded(), ops.build_info()
+    assert "torch" in ops.build_info()
