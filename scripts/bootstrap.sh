@@ -9,8 +9,13 @@ STAMP="$VENV/.fairseq_ext_bootstrap_v1"
 if [ ! -x "$VENV/bin/python" ]; then
   "$PY" -m venv "$VENV"
 fi
-export PATH="$PWD/$VENV/bin:$PATH"
-pip() { "$VENV/bin/python" -m pip --disable-pip-version-check "$@"; }
+VENV=$(cd "$VENV" && pwd)
+export PATH="$VENV/bin:$PATH"
+# (this machine's pip.conf names local wheel folders that may be absent: drop pip's warnings about them)
+pip() {
+  "$VENV/bin/python" -m pip --disable-pip-version-check "$@" 2>&1 \
+    | { grep -v "is ignored: it is neither a file nor a directory" || true; }
+}
 if [ ! -f "$STAMP" ]; then
   # torch first and pinned: any later resolver run must see it satisfied (never pull a CUDA build).
   pip install -q torch==2.13.0 setuptools wheel cython numpy ninja
@@ -22,5 +27,9 @@ if [ ! -f "$STAMP" ]; then
       scikit-learn packaging sentencepiece subword-nmt matplotlib pytest psutil
   touch "$STAMP"
 fi
-# our package and its C++ extension, always rebuilt (cheap when unchanged)
-pip install -q --no-deps --no-build-isolation -e .
+# our package (editable) and its C++ extension; rebuilt when csrc/ or setup.py changed since the last build
+so=$(ls fairseq_ext/_C*.so 2>/dev/null | head -1 || true)
+if [ "${FAIRSEQ_EXT_NO_BUILD:-0}" = 1 ] || [ -z "$so" ] || [ -n "$(find csrc setup.py pyproject.toml -newer "$so" 2>/dev/null)" ] \
+   || ! (cd / && "$VENV/bin/python" -c "import importlib.util as u, sys; sys.exit(u.find_spec('fairseq_ext') is None)"); then
+  pip install -q --no-deps --no-build-isolation -e .
+fi
