@@ -4,7 +4,7 @@ PY := $(CURDIR)/$(VENV)/bin/python
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 PYTEST_ARGS ?=
 
-.PHONY: venv test demo data-full clean-data
+.PHONY: venv test demo bench bench-quick data-full clean-data
 
 venv:
 	./scripts/bootstrap.sh
@@ -15,6 +15,13 @@ test: venv
 
 demo: venv
 	./examples/demo.sh
+
+# Speed/memory comparisons against each paper's baseline (benchmarks/run_presets.py), into docs/benchmarks/
+bench: venv
+	$(PY) benchmarks/run_presets.py
+
+bench-quick: venv
+	$(PY) benchmarks/run_presets.py --quick --out-dir runs/bench-quick
 
 # Rebuild the full EN-DE corpus from Debian packages (network to Debian's archive needed).
 data-full: venv

@@ -1,0 +1,185 @@
+"""Shared parts of the benchmark harness: building models by arch name, interleaved timing, peak
+memory sampling, memory-bandwidth measurement, result tables/JSON/plots.
+
+Conventions (DESIGN.md §3): candidates and baseline are measured in the same process, interleaved
+(A B A B ...) after a warm-up, and reported as medians and per-pair ratios; never asserted in tests.
+"""
+import json
+import os
+import platform
+import statistics
+import sys
+import threading
+import time
+
+import torch
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DOCS = os.path.join(REPO, "docs", "benchmarks")
+
+
+def set_threads(n):
+    """Pin intra-op threads (default: all cores) so runs are comparable."""
+    n = n or os.cpu_count() or 1
+    torch.set_num_threads(n)
+    os.environ["OMP_NUM_THREADS"] = str(n)
+    return n
+
+
+class VocabTask:
+    """The dictionaries a translation model's build_model reads, at a given joint vocabulary size."""
+
+    def __init__(self, size):
+        from fairseq.data import Dictionary
+
+        d = Dictionary()
+        for i in range(size - len(d)):
+            d.add_symbol(f"w{i}")
+        self.source_dictionary = self.target_dictionary = d
+
+
+def registered_archs():
+    import fairseq_ext  # noqa: F401  (registers this package's archs)
+    from fairseq.models import ARCH_MODEL_REGISTRY
+
+    return ARCH_MODEL_REGISTRY
+
+
+def arch_args(arch, overrides=None):
+    """The args fairseq-train would build for `--arch arch` (+ overrides), without a data folder."""
+    from fairseq import options
+
+    parser = options.get_training_parser()
+    argv = ["/nonexistent", "--task", "translation", "--arch", arch, "--share-all-embeddings",
+            "--dropout", "0", "--cpu"]
+    for k, v in (overrides or {}).items():
+        argv += [f"--{k}"] + ([] if v is True else [str(v)])
+    args = options.parse_args_and_arch(parser, argv)
+    return args
+
+
+def build_model(arch, vocab, seed=1, overrides=None):
+    """Random-weight model of a registered arch (seeded), eval mode, on CPU."""
+    archs = registered_archs()
+    if arch not in archs:
+        raise KeyError(arch)
+    torch.manual_seed(seed)
+    task = VocabTask(vocab)
+    model = archs[arch].build_model(arch_args(arch, overrides), task)
+    return model.eval(), task
+
+
+def load_checkpoint_model(path):
+    """A model (and its dictionary size) from a fairseq checkpoint, loaded with weights_only=True."""
+    from fairseq import checkpoint_utils
+
+    import fairseq_ext  # noqa: F401
+
+    models, cfg, task = checkpoint_utils.load_model_ensemble_and_task([path])
+    return models[0].eval(), task
+
+
+def count_parameters(model):
+    return sum(p.numel() for p in model.parameters())
+
+
+class PeakRSS:
+    """Samples the process' resident set size in a background thread; `peak` is the maximum seen."""
+
+    def __init__(self, interval=0.002):
+        import psutil
+
+        self.proc, self.interval = psutil.Process(), interval
+        self.peak = self.start = 0
+
+    def __enter__(self):
+        self.start = self.peak = self.proc.memory_info().rss
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._run, daemon=True)
+        self._t.start()
+        return self
+
+    def _run(self):
+        while not self._stop.is_set():
+            self.peak = max(self.peak, self.proc.memory_info().rss)
+            time.sleep(self.interval)
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._t.join()
+        self.peak = max(self.peak, self.proc.memory_info().rss)
+
+
+def measure_bandwidth(mb=256, repeats=7):
+    """Effective memory bandwidth (bytes/s) of a large fp32 matrix-vector product, which streams the
+    matrix once: the same access pattern as a batch-1 decoding step reading its weights."""
+    n = int((mb * 2**20 / 4) ** 0.5)
+    a = torch.randn(n, n)
+    x = torch.randn(n)
+    torch.mv(a, x)
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        torch.mv(a, x)
+        times.append(time.perf_counter() - t)
+    return a.numel() * 4 / statistics.median(times)
+
+
+def interleaved(fns, repeats, warmup=1):
+    """Run {name: fn} in A B A B ... order (after `warmup` rounds of each), returning {name: [seconds]}
+    per round and the run order. Each fn() returns its own measured seconds (or None: timed here)."""
+    order, times = [], {k: [] for k in fns}
+    for _ in range(warmup):
+        for fn in fns.values():
+            fn()
+    for r in range(repeats):
+        names = list(fns) if r % 2 == 0 else list(fns)[::-1]  # alternate which goes first
+        for name in names:
+            t = time.perf_counter()
+            measured = fns[name]()
+            times[name].append(measured if measured is not None else time.perf_counter() - t)
+            order.append(name)
+    return times, order
+
+
+def ratios(times, candidate, baseline):
+    """Per-round speed ratio candidate/baseline (baseline time / candidate time): >1 = faster."""
+    return [b / c for b, c in zip(times[baseline], times[candidate])]
+
+
+def summary(values):
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def machine_info(threads):
+    from fairseq_ext import ops
+
+    return {"python": sys.version.split()[0], "torch": torch.__version__, "threads": threads,
+            "cpu_count": os.cpu_count(), "platform": platform.platform(), "processor": _cpu_model(),
+            "extension": ops.build_info()}
+
+
+def _cpu_model():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def write_results(name, result, out_dir=None):
+    out_dir = out_dir or DOCS
+    os.makedirs(out_dir, exist_ok=True)
+    path = os.path.join(out_dir, f"{name}.json")
+    with open(path, "w") as f:
+        json.dump(result, f, indent=1)
+    return path
+
+
+def markdown_table(header, rows):
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)

@@ -1,0 +1,204 @@
+"""Decoding speed of registered archs (or checkpoints) with fairseq's own SequenceGenerator.
+
+    python benchmarks/decode_speed.py --baseline transformer --candidates transformer_wmt_en_de_big \\
+        [--batch-sizes 1 | sweep] [--beam 5] [--vocab 32000] [--threads N] [--repeats 5] [--quick]
+
+Every model decodes the same random sources (fixed length) with a forced target length
+(min_len = max_len), so all do the same number of steps; random weights (seeded) unless a model is
+given as NAME=PATH.pt. Candidate and baseline run interleaved (A B A B ..., warm-up first); the table
+gives median tokens/s, ms per step, the per-round ratio candidate/baseline (median, min-max), peak RSS,
+parameters, and % of roofline: the bytes one step must read (decoder weights, the encoder's weights
+amortised over the steps, the self- and cross-attention key/value caches) divided by the memory
+bandwidth measured in the same run (large fp32 matrix-vector product), over the measured step time.
+Writes docs/benchmarks/<name>.json and .png (tokens/s vs batch size), prints a markdown table.
+"""
+import argparse
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
+
+SWEEP = [1, 2, 4, 8, 16, 32, 64]
+
+
+def make_sample(bsz, src_len, vocab, eos, seed):
+    g = torch.Generator().manual_seed(seed)
+    src = torch.randint(4, vocab, (bsz, src_len), generator=g)
+    src[:, -1] = eos
+    return {"id": torch.arange(bsz),
+            "net_input": {"src_tokens": src, "src_lengths": torch.full((bsz,), src_len, dtype=torch.long)}}
+
+
+def make_generator(model, task, beam, tgt_len):
+    from fairseq.sequence_generator import SequenceGenerator
+
+    # forced length: eos is blocked before min_len and forced at max_len -> tgt_len tokens + eos
+    return SequenceGenerator([model], task.target_dictionary, beam_size=beam, max_len_a=0,
+                             max_len_b=tgt_len, min_len=tgt_len)
+
+
+def bytes_per_step(model, bsz, beam, src_len, tgt_len):
+    """Bytes a decoding step must read (fp32): the model's own estimate when it defines
+    `decode_bytes_per_step`, else a standard encoder-decoder Transformer's."""
+    if hasattr(model, "decode_bytes_per_step"):
+        return model.decode_bytes_per_step(bsz, beam, src_len, tgt_len)
+    dec = sum(p.numel() for p in model.decoder.parameters())
+    enc_only = sum(p.numel() for n, p in model.encoder.named_parameters()
+                   if p.data_ptr() not in {q.data_ptr() for q in model.decoder.parameters()})
+    layers = len(getattr(model.decoder, "layers", []))
+    d = model.decoder.embed_dim if hasattr(model.decoder, "embed_dim") else 0
+    rows = bsz * beam
+    avg_t = (tgt_len + 2) / 2  # tokens in the self-attention cache, averaged over the steps
+    kv = 2 * layers * rows * d * (avg_t + src_len)  # self + cross attention keys and values
+    return 4 * (dec + kv + enc_only / (tgt_len + 1))
+
+
+def run(models, baseline, batch_sizes, beam, src_len, tgt_len, repeats, warmup, threads, seed=1):
+    """models: {name: (model, task)}; returns the result dict (see module docstring)."""
+    bandwidth = common.measure_bandwidth()
+    names = [baseline] + [n for n in models if n != baseline]
+    result = {"kind": "decode", "baseline": baseline,
+              "settings": {"beam": beam, "src_len": src_len, "tgt_len": tgt_len, "repeats": repeats,
+                           "warmup": warmup, "batch_sizes": batch_sizes, "threads": threads},
+              "machine": common.machine_info(threads), "bandwidth_gb_s": bandwidth / 1e9,
+              "models": {n: {"params": common.count_parameters(models[n][0]), "results": {}} for n in names},
+              "ratios": {}, "run_order": {}}
+    for bsz in batch_sizes:
+        fns, peaks = {}, {}
+        for name in names:
+            model, task = models[name]
+            vocab = len(task.target_dictionary)
+            sample = make_sample(bsz, src_len, vocab, task.target_dictionary.eos(), seed)
+            gen = make_generator(model, task, beam, tgt_len)
+            hyps = gen.generate([model], sample)  # check the forced length once
+            lengths = {len(h[0]["tokens"]) for h in hyps}
+            if lengths != {tgt_len + 1}:
+                raise RuntimeError(f"{name}: expected {tgt_len + 1} output tokens, got {lengths}")
+
+            def fn(gen=gen, model=model, sample=sample, name=name):
+                with common.PeakRSS() as mem:
+                    with torch.inference_mode():
+                        gen.generate([model], sample)
+                peaks[name] = max(peaks.get(name, 0), mem.peak - mem.start)
+
+            fns[name] = fn
+        times, order = common.interleaved(fns, repeats, warmup)
+        result["run_order"][bsz] = order
+        for name in names:
+            model = models[name][0]
+            steps = tgt_len + 1
+            tok_s = [bsz * tgt_len / t for t in times[name]]
+            ms_step = [1000 * t / steps for t in times[name]]
+            roof_ms = 1000 * bytes_per_step(model, bsz, beam, src_len, tgt_len) / bandwidth
+            med_ms = common.summary(ms_step)["median"]
+            result["models"][name]["results"][bsz] = {
+                "seconds": times[name], "tokens_per_s": common.summary(tok_s),
+                "ms_per_step": common.summary(ms_step), "peak_rss_delta_mb": peaks[name] / 2**20,
+                "roofline_ms_per_step": roof_ms, "roofline_pct": 100 * roof_ms / med_ms}
+        result["ratios"][bsz] = {}
+        for name in names[1:]:
+            r = common.ratios(times, name, baseline)
+            result["ratios"][bsz][name] = {**common.summary(r), "per_round": r}
+    return result
+
+
+def table(result):
+    base = result["baseline"]
+    rows = []
+    for bsz in result["settings"]["batch_sizes"]:
+        for name, m in result["models"].items():
+            r = m["results"][bsz]
+            ratio = result["ratios"][bsz].get(name)
+            ratio_s = "1 (baseline)" if name == base else f"{ratio['median']:.2f} ({ratio['min']:.2f}–{ratio['max']:.2f})"
+            rows.append([name, bsz, f"{m['params'] / 1e6:.1f}M", f"{r['tokens_per_s']['median']:.1f}",
+                         f"{r['ms_per_step']['median']:.1f}", ratio_s, f"{r['roofline_pct']:.1f}%",
+                         f"{r['peak_rss_delta_mb']:.1f}"])
+    s = result["settings"]
+    head = (f"Decoding: beam {s['beam']}, source {s['src_len']} tokens, {s['tgt_len']} forced target tokens, "
+            f"{s['threads']} threads, {s['repeats']} interleaved rounds; measured bandwidth "
+            f"{result['bandwidth_gb_s']:.1f} GB/s\n\n")
+    return head + common.markdown_table(
+        ["model", "batch", "params", "tokens/s", "ms/step", "speed vs baseline (min–max)", "% of roofline",
+         "peak RSS +MB"], rows)
+
+
+def plot(result, path):
+    import logging
+
+    import matplotlib
+
+    logging.getLogger("matplotlib").setLevel(logging.WARNING)  # fairseq sets the root logger to DEBUG
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    sizes = result["settings"]["batch_sizes"]
+    for name, m in result["models"].items():
+        ax.plot(sizes, [m["results"][b]["tokens_per_s"]["median"] for b in sizes], marker="o", label=name)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("batch size (sentences)")
+    ax.set_ylabel("tokens/s (median)")
+    ax.set_title(f"fairseq SequenceGenerator, beam {result['settings']['beam']}")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def parse_models(specs, vocab, overrides=None):
+    """'arch' or 'name=path.pt' -> {name: (model, task)}; unregistered archs are skipped with a note."""
+    models = {}
+    for spec in specs:
+        if "=" in spec:
+            name, path = spec.split("=", 1)
+            models[name] = common.load_checkpoint_model(path)
+            continue
+        try:
+            models[spec] = common.build_model(spec, vocab, overrides=overrides)
+        except KeyError:
+            print(f"skipping {spec}: not a registered architecture (yet)", file=sys.stderr)
+    return models
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--baseline", default="transformer", help="arch name or NAME=checkpoint.pt")
+    p.add_argument("--candidates", nargs="+", default=[], help="arch names or NAME=checkpoint.pt")
+    p.add_argument("--vocab", type=int, default=32000, help="joint vocabulary size (random-weight models)")
+    p.add_argument("--batch-sizes", default="1", help="comma list, or 'sweep' for 1,2,4,...,64")
+    p.add_argument("--beam", type=int, default=5)
+    p.add_argument("--src-len", type=int, default=30)
+    p.add_argument("--tgt-len", type=int, default=40)
+    p.add_argument("--threads", type=int, default=0, help="intra-op threads (0: all cores)")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--quick", action="store_true", help="2 rounds, short sequences: a smoke run")
+    p.add_argument("--name", default="decode_speed", help="output file name under --out-dir")
+    p.add_argument("--out-dir", default=common.DOCS)
+    args = p.parse_args(argv)
+    if args.quick:
+        args.repeats, args.src_len, args.tgt_len = 2, 8, 6
+    batch_sizes = SWEEP if args.batch_sizes == "sweep" else [int(b) for b in args.batch_sizes.split(",")]
+    threads = common.set_threads(args.threads)
+    models = parse_models([args.baseline] + args.candidates, args.vocab)
+    baseline = args.baseline.split("=", 1)[0]
+    if baseline not in models:
+        p.error(f"--baseline {args.baseline}: not a registered architecture or checkpoint")
+    result = run(models, baseline, batch_sizes, args.beam, args.src_len, args.tgt_len, args.repeats,
+                 args.warmup, threads)
+    md = table(result)
+    print(md)
+    path = common.write_results(args.name, result, args.out_dir)
+    with open(path[:-5] + ".md", "w") as f:
+        f.write(md + "\n")
+    plot(result, path[:-5] + ".png")
+    print(f"\nwrote {path} (+ .md, .png)")
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,66 @@
+"""Smoke test of the benchmark harness (quick mode, tiny archs): the JSON it writes and that its
+ratios come from interleaved rounds. No timing is asserted."""
+import json
+import os
+import statistics
+import sys
+
+import pytest
+
+from conftest import REPO
+
+sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+import decode_speed  # noqa: E402
+import run_presets  # noqa: E402
+import train_speed  # noqa: E402
+
+TINY = ["transformer_tiny", "transformer_balanced_tiny"]
+
+
+def _check_interleaved(order, names, repeats):
+    assert len(order) == len(names) * repeats
+    rounds = [order[i * len(names):(i + 1) * len(names)] for i in range(repeats)]
+    assert all(sorted(r) == sorted(names) for r in rounds), order  # every round runs every model once
+    assert rounds[0] != rounds[1], "rounds must alternate which model goes first"
+
+
+def _check_ratios(ratio, base_seconds, cand_seconds):
+    expect = [b / c for b, c in zip(base_seconds, cand_seconds)]
+    assert ratio["per_round"] == pytest.approx(expect)
+    assert ratio["median"] == pytest.approx(statistics.median(expect))
+    assert ratio["min"] <= ratio["median"] <= ratio["max"]
+
+
+def test_decode_speed_quick(tmp_path):
+    decode_speed.main(["--baseline", TINY[0], "--candidates", TINY[1], "not_an_arch", "--quick",
+                       "--vocab", "500", "--batch-sizes", "1,3", "--out-dir", str(tmp_path), "--name", "d"])
+    r = json.loads((tmp_path / "d.json").read_text())
+    assert (tmp_path / "d.png").stat().st_size > 0 and (tmp_path / "d.md").exists()
+    assert r["kind"] == "decode" and r["baseline"] == TINY[0] and set(r["models"]) == set(TINY)
+    assert r["bandwidth_gb_s"] > 0 and r["machine"]["threads"] >= 1
+    for bsz in ("1", "3"):
+        _check_interleaved(r["run_order"][bsz], TINY, r["settings"]["repeats"])
+        for name in TINY:
+            m = r["models"][name]["results"][bsz]
+            assert len(m["seconds"]) == r["settings"]["repeats"]
+            assert m["tokens_per_s"]["median"] > 0 and m["roofline_pct"] > 0
+            assert r["models"][name]["params"] > 0
+        _check_ratios(r["ratios"][bsz][TINY[1]], r["models"][TINY[0]]["results"][bsz]["seconds"],
+                      r["models"][TINY[1]]["results"][bsz]["seconds"])
+
+
+def test_train_speed_quick(tmp_path):
+    train_speed.main(["--baseline", TINY[0], "--candidates", TINY[1], "--quick", "--vocab", "500",
+                      "--out-dir", str(tmp_path), "--name", "t"])
+    r = json.loads((tmp_path / "t.json").read_text())
+    assert r["kind"] == "train" and set(r["models"]) == set(TINY)
+    _check_interleaved(r["run_order"], TINY, r["settings"]["repeats"])
+    _check_ratios(r["ratios"][TINY[1]], r["models"][TINY[0]]["seconds"], r["models"][TINY[1]]["seconds"])
+
+
+def test_presets_skip_unregistered_candidates(tmp_path, capsys):
+    run_presets.main(["--quick", "--only", "decode_one_wide_ffn_base", "--out-dir", str(tmp_path)])
+    r = json.loads((tmp_path / "decode_one_wide_ffn_base.json").read_text())
+    assert "transformer" in r["models"]
+    if "one_wide_ffn_base" not in r["models"]:
+        assert "skipping one_wide_ffn_base" in capsys.readouterr().err
