@@ -21,7 +21,11 @@ def trained(tiny_data, tmp_path_factory):
               "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "10",
               "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
               "--max-tokens", "2000", "--save-dir", str(save), "--save-interval-updates", "10",
-              "--keep-interval-updates", "3", "--log-format", "simple", "--log-interval", "5", "--seed", "3"]
+              "--keep-interval-updates", "3", "--log-format", "simple", "--log-interval", "5", "--seed", "3",
+              # BLEU validation stores numpy values in the checkpoint: resume must still load it
+              "--eval-bleu", "--eval-bleu-detok", "space", "--eval-bleu-remove-bpe", "sentencepiece",
+              "--eval-bleu-args", '{"beam": 1, "max_len_b": 20}',
+              "--best-checkpoint-metric", "bleu", "--maximize-best-checkpoint-metric"]
     first = run(["fairseq-train", *common, "--max-update", "30"])
     resumed = run(["fairseq-train", *common, "--max-update", "40"])
     return save, first.stdout + first.stderr, resumed.stdout + resumed.stderr
@@ -33,7 +37,13 @@ def test_train_then_resume(trained):
     m = re.search(r"Loaded checkpoint \S+checkpoint_last\.pt \(epoch (\d+) @ (\d+) updates\)", resumed)
     assert m and int(m.group(2)) == 30, resumed[-3000:]
     assert re.search(r"num_updates 40\b|num_updates=40\b|\| 40 updates", resumed), resumed[-3000:]
-    assert os.path.exists(save / "checkpoint_last.pt")
+    assert os.path.exists(save / "checkpoint_best.pt")
+    with open(save / "checkpoint_last.pt", "rb") as f:  # the resume above really read numpy objects
+        import zipfile
+
+        with zipfile.ZipFile(f) as z:
+            pkl = z.read(next(n for n in z.namelist() if n.endswith("data.pkl")))
+    assert b"numpy" in pkl
 
 
 def _generate(tiny_data, ckpt, extra=()):
