@@ -26,18 +26,6 @@ def set_threads(n):
     return n
 
 
-class VocabTask:
-    """The dictionaries a translation model's build_model reads, at a given joint vocabulary size."""
-
-    def __init__(self, size):
-        from fairseq.data import Dictionary
-
-        d = Dictionary()
-        for i in range(size - len(d)):
-            d.add_symbol(f"w{i}")
-        self.source_dictionary = self.target_dictionary = d
-
-
 def registered_archs():
     import fairseq_ext  # noqa: F401  (registers this package's archs)
     from fairseq.models import ARCH_MODEL_REGISTRY
@@ -45,27 +33,16 @@ def registered_archs():
     return ARCH_MODEL_REGISTRY
 
 
-def arch_args(arch, overrides=None):
-    """The args fairseq-train would build for `--arch arch` (+ overrides), without a data folder."""
-    from fairseq import options
+def build_model(arch, vocab, seed=1, flags=()):
+    """Random-weight model of a registered arch (seeded), eval mode, on CPU, dropout off; returns
+    (model, task-like object with the dictionaries)."""
+    from fairseq_ext.tools.params import VocabTask, build_model as build
 
-    parser = options.get_training_parser()
-    argv = ["/nonexistent", "--task", "translation", "--arch", arch, "--share-all-embeddings",
-            "--dropout", "0", "--cpu"]
-    for k, v in (overrides or {}).items():
-        argv += [f"--{k}"] + ([] if v is True else [str(v)])
-    args = options.parse_args_and_arch(parser, argv)
-    return args
-
-
-def build_model(arch, vocab, seed=1, overrides=None):
-    """Random-weight model of a registered arch (seeded), eval mode, on CPU."""
-    archs = registered_archs()
-    if arch not in archs:
+    if arch not in registered_archs():
         raise KeyError(arch)
     torch.manual_seed(seed)
     task = VocabTask(vocab)
-    model = archs[arch].build_model(arch_args(arch, overrides), task)
+    model = build(arch, vocab, ["--dropout", "0", *flags], device="cpu", task=task)
     return model.eval(), task
 
 

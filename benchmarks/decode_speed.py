@@ -149,7 +149,7 @@ def plot(result, path):
     plt.close(fig)
 
 
-def parse_models(specs, vocab, overrides=None):
+def parse_models(specs, vocab):
     """'arch' or 'name=path.pt' -> {name: (model, task)}; unregistered archs are skipped with a note."""
     models = {}
     for spec in specs:
@@ -158,7 +158,7 @@ def parse_models(specs, vocab, overrides=None):
             models[name] = common.load_checkpoint_model(path)
             continue
         try:
-            models[spec] = common.build_model(spec, vocab, overrides=overrides)
+            models[spec] = common.build_model(spec, vocab)
         except KeyError:
             print(f"skipping {spec}: not a registered architecture (yet)", file=sys.stderr)
     return models

@@ -7,6 +7,7 @@ import importlib
 
 FAMILIES = [
     "baseline",  # transformer_balanced (pre-norm 12/2) and its sizes
+    "one_wide_ffn",  # One Wide FFN: FFN sharing / dropping / widening, attention sharing
 ]
 
 for _name in FAMILIES:

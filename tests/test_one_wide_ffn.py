@@ -1,0 +1,87 @@
+"""One Wide FFN: sharing plans, and the paper's parameter tables regenerated from our models
+(WMT22 EN-DE joint vocabulary of 50,408 tokens; the paper rounds to millions)."""
+import pytest
+
+from fairseq_ext.modules.feedforward import ffn_sharing_plan
+from fairseq_ext.tools.params import build_model, count_parameters
+
+V = 50408
+BIG = "transformer_wmt_en_de_big"
+OWF_BIG = ["--encoder-embed-dim", "1024", "--encoder-ffn-embed-dim", "4096", "--encoder-attention-heads", "16",
+           "--decoder-embed-dim", "1024", "--decoder-ffn-embed-dim", "4096", "--decoder-attention-heads", "16"]
+
+
+def enc(mode, m=None, width=None):
+    return (["--encoder-ffn-sharing", mode] + (["--encoder-num-shared-ffns", str(m)] if m else [])
+            + (["--encoder-shared-ffn-dim", str(width)] if width else []))
+
+
+def dec(mode, m=None, width=None):
+    return (["--decoder-ffn-sharing", mode] + (["--decoder-num-shared-ffns", str(m)] if m else [])
+            + (["--decoder-shared-ffn-dim", str(width)] if width else []))
+
+
+# (paper table, configuration, flags on the `one_wide_ffn` arch at Big dims, |theta| in millions)
+PAPER = [
+    ("Tab. sharing", "Transformer Big", [], 228),
+    ("Tab. sharing", "SharedEnc", enc("shared"), 186),
+    ("Tab. sharing", "SharedDec", dec("shared"), 186),
+    ("Tab. sharing", "SharedEncSharedDec", enc("shared") + dec("shared"), 144),
+    ("Tab. sharing", "SharedEncDec", enc("shared") + dec("encoder"), 136),
+    ("Tab. dropping", "NoEnc", enc("none"), 178),
+    ("Tab. dropping", "NoDec", dec("none"), 178),
+    ("Tab. dropping", "NoEncNoDec", enc("none") + dec("none"), 127),
+    ("Tab. dropping", "SharedEncNoDec", enc("shared") + dec("none"), 136),
+    ("Tab. dropping", "NoEncSharedDec", enc("none") + dec("shared"), 136),
+    ("Tab. wide", "SharedEncNoDec d_ff'=24,576", enc("shared", width=24576) + dec("none"), 177),
+    ("Tab. wide", "SharedEncNoDec d_ff'=49,152", enc("shared", width=49152) + dec("none"), 228),
+    ("Tab. wide", "SharedEncNoDec d_ff'=98,304", enc("shared", width=98304) + dec("none"), 328),
+    ("App. custom sharing", "Sequence M=2", enc("sequence", 2), 194),
+    ("App. custom sharing", "Sequence M=3", enc("sequence", 3), 202),
+    ("App. custom sharing", "Cycle M=2", enc("cycle", 2), 194),
+    ("App. custom sharing", "Cycle Rev M=3", enc("cycle_rev", 3), 202),
+    ("App. attention", "shared enc self, dec self, cross",
+     ["--share-encoder-self-attn", "--share-decoder-self-attn", "--share-decoder-cross-attn"], 165),
+    ("App. attention", "shared enc self, dec self", ["--share-encoder-self-attn", "--share-decoder-self-attn"], 186),
+    ("App. attention", "shared enc self", ["--share-encoder-self-attn"], 207),
+    ("App. attention", "shared dec cross", ["--share-decoder-cross-attn"], 207),
+]
+
+
+@pytest.mark.parametrize("table,name,flags,expected", PAPER, ids=[f"{t}:{n}" for t, n, _, _ in PAPER])
+def test_parameter_counts_match_the_paper(table, name, flags, expected):
+    n = count_parameters(build_model("one_wide_ffn", V, OWF_BIG + flags))
+    assert abs(n / 1e6 - expected) <= 1.0, f"{name}: {n / 1e6:.1f}M, paper {expected}M"
+
+
+@pytest.mark.parametrize("arch,baseline,expected,expected_base", [
+    ("one_wide_ffn_big", BIG, 228, 228),
+    ("one_wide_ffn_base", "transformer", 70, 70),
+    ("one_wide_ffn_deep_shallow", "transformer_balanced_big", 236, 236),
+])
+def test_one_wide_archs_keep_the_baseline_size(arch, baseline, expected, expected_base):
+    assert abs(count_parameters(build_model(arch, V)) / 1e6 - expected) <= 1.0
+    assert abs(count_parameters(build_model(baseline, V)) / 1e6 - expected_base) <= 1.0
+
+
+def test_sharing_plans():
+    assert ffn_sharing_plan(6, "independent") == [0, 1, 2, 3, 4, 5]
+    assert ffn_sharing_plan(6, "shared") == [0] * 6
+    assert ffn_sharing_plan(6, "none") == [None] * 6
+    assert ffn_sharing_plan(6, "sequence", 2) == [0, 0, 0, 1, 1, 1]
+    assert ffn_sharing_plan(6, "sequence", 3) == [0, 0, 1, 1, 2, 2]
+    assert ffn_sharing_plan(6, "cycle", 2) == [0, 1, 0, 1, 0, 1]
+    assert ffn_sharing_plan(6, "cycle_rev", 3) == [0, 1, 2, 2, 1, 0]
+
+
+def test_shared_ffn_is_one_module_and_dropped_layers_have_no_ffn():
+    model = build_model("one_wide_ffn_tiny", 1000, device="cpu")
+    enc_fc1 = {id(layer.fc1) for layer in model.encoder.layers}
+    assert len(enc_fc1) == 1 and model.encoder.layers[0].fc1.out_features == 512
+    assert all(not hasattr(layer, "fc1") and not hasattr(layer, "final_layer_norm") for layer in model.decoder.layers)
+    model = build_model("one_wide_ffn_shared_enc_dec_tiny", 1000, device="cpu")
+    assert model.decoder.layers[1].fc1 is model.encoder.layers[0].fc1
+    assert model.encoder.layers[1].self_attn.q_proj is model.encoder.layers[0].self_attn.q_proj
+    assert model.encoder.layers[1].self_attn is not model.encoder.layers[0].self_attn  # own incremental state
+    assert model.decoder.layers[1].encoder_attn.k_proj is model.decoder.layers[0].encoder_attn.k_proj
+    assert model.decoder.layers[1].self_attn.k_proj is not model.decoder.layers[0].self_attn.k_proj
