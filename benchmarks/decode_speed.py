@@ -13,6 +13,7 @@ bandwidth measured in the same run (large fp32 matrix-vector product), over the 
 Writes docs/benchmarks/<name>.json and .png (tokens/s vs batch size), prints a markdown table.
 """
 import argparse
+import logging
 import os
 import sys
 
@@ -22,6 +23,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
 
 SWEEP = [1, 2, 4, 8, 16, 32, 64]
+
+# fairseq puts the root logger at DEBUG: keep matplotlib's import-time chatter out
+logging.getLogger("matplotlib").setLevel(logging.WARNING)
 
 
 def make_sample(bsz, src_len, vocab, eos, seed):
@@ -126,11 +130,8 @@ def table(result):
 
 
 def plot(result, path):
-    import logging
-
     import matplotlib
 
-    logging.getLogger("matplotlib").setLevel(logging.WARNING)  # fairseq sets the root logger to DEBUG
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

@@ -7,7 +7,9 @@ import sys
 import pytest
 import torch
 
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+USER_DIR = os.path.join(REPO, "fairseq_ext")
 SAMPLE = os.path.join(REPO, "data", "en-de-sample")
 BIN = os.path.dirname(sys.executable)  # .venv/bin: fairseq-train etc.
 
@@ -50,3 +52,24 @@ def tiny_data(tmp_path_factory):
             _cut(SAMPLE, corpus, f"{split}.{lang}.gz", n)
     run(["bash", os.path.join(REPO, "examples/data/binarize.sh"), str(corpus), str(root / "data"), "--vocab", "1000"])
     return root / "data"
+
+
+@pytest.fixture(scope="session")
+def trained(tiny_data, tmp_path_factory):
+    """transformer_tiny trained by fairseq-train for 30 updates, then resumed to 40 (checkpoints every
+    10 updates, BLEU validation); returns (save_dir, first run's log, resumed run's log)."""
+    save = tmp_path_factory.mktemp("ckpt")
+    common = [str(tiny_data / "bin"), "--user-dir", USER_DIR, "--cpu", "--task", "translation",
+              "--source-lang", "en", "--target-lang", "de", "--arch", "transformer_tiny",
+              "--share-all-embeddings", "--optimizer", "adam", "--lr", "2e-3",
+              "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "10",
+              "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
+              "--max-tokens", "2000", "--save-dir", str(save), "--save-interval-updates", "10",
+              "--keep-interval-updates", "3", "--log-format", "simple", "--log-interval", "5", "--seed", "3",
+              # BLEU validation stores numpy values in the checkpoint: resume must still load it
+              "--eval-bleu", "--eval-bleu-detok", "space", "--eval-bleu-remove-bpe", "sentencepiece",
+              "--eval-bleu-args", '{"beam": 1, "max_len_b": 20}',
+              "--best-checkpoint-metric", "bleu", "--maximize-best-checkpoint-metric"]
+    first = run(["fairseq-train", *common, "--max-update", "30"])
+    resumed = run(["fairseq-train", *common, "--max-update", "40"])
+    return save, first.stdout + first.stderr, resumed.stdout + resumed.stderr

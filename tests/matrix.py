@@ -1,11 +1,7 @@
 """Helpers of the shared architecture matrix: build any registered arch from CLI-style args."""
-import os
-
 import torch
 
-from conftest import REPO
-
-USER_DIR = os.path.join(REPO, "fairseq_ext")
+from conftest import USER_DIR  # noqa: F401  (re-exported for the tests)
 
 
 def matrix_archs():

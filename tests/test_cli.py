@@ -12,25 +12,6 @@ from conftest import REPO, run
 from matrix import USER_DIR
 
 
-@pytest.fixture(scope="module")
-def trained(tiny_data, tmp_path_factory):
-    save = tmp_path_factory.mktemp("ckpt")
-    common = [str(tiny_data / "bin"), "--user-dir", USER_DIR, "--cpu", "--task", "translation",
-              "--source-lang", "en", "--target-lang", "de", "--arch", "transformer_tiny",
-              "--share-all-embeddings", "--optimizer", "adam", "--lr", "2e-3",
-              "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "10",
-              "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
-              "--max-tokens", "2000", "--save-dir", str(save), "--save-interval-updates", "10",
-              "--keep-interval-updates", "3", "--log-format", "simple", "--log-interval", "5", "--seed", "3",
-              # BLEU validation stores numpy values in the checkpoint: resume must still load it
-              "--eval-bleu", "--eval-bleu-detok", "space", "--eval-bleu-remove-bpe", "sentencepiece",
-              "--eval-bleu-args", '{"beam": 1, "max_len_b": 20}',
-              "--best-checkpoint-metric", "bleu", "--maximize-best-checkpoint-metric"]
-    first = run(["fairseq-train", *common, "--max-update", "30"])
-    resumed = run(["fairseq-train", *common, "--max-update", "40"])
-    return save, first.stdout + first.stderr, resumed.stdout + resumed.stderr
-
-
 def test_train_then_resume(trained):
     save, first, resumed = trained
     assert "done training" in first
