@@ -54,6 +54,17 @@ def test_parameter_counts_match_the_paper(table, name, flags, expected):
     assert abs(n / 1e6 - expected) <= 1.0, f"{name}: {n / 1e6:.1f}M, paper {expected}M"
 
 
+@pytest.mark.parametrize("flags,expected", [
+    ([], 202), (["--decoder-ffn-sharing", "shared"], 110), (["--decoder-shared-ffn-dim", "49152"], 202),
+])
+def test_decoder_only_parameter_counts_match_the_paper(flags, expected):
+    """Decoder-only table: baseline 202M, ShareDec d_ff'=4,096 110M, ShareDec d_ff'=49,152 202M."""
+    arch = "one_wide_ffn_prefix_lm_vanilla_big" if not flags or flags[0] != "--decoder-shared-ffn-dim" \
+        else "one_wide_ffn_prefix_lm_big"
+    n = count_parameters(build_model(arch, V, flags))
+    assert abs(n / 1e6 - expected) <= 1.0, f"{flags}: {n / 1e6:.1f}M, paper {expected}M"
+
+
 @pytest.mark.parametrize("arch,baseline,expected,expected_base", [
     ("one_wide_ffn_big", BIG, 228, 228),
     ("one_wide_ffn_base", "transformer", 70, 70),
@@ -85,3 +96,28 @@ def test_shared_ffn_is_one_module_and_dropped_layers_have_no_ffn():
     assert model.encoder.layers[1].self_attn is not model.encoder.layers[0].self_attn  # own incremental state
     assert model.decoder.layers[1].encoder_attn.k_proj is model.decoder.layers[0].encoder_attn.k_proj
     assert model.decoder.layers[1].self_attn.k_proj is not model.decoder.layers[0].self_attn.k_proj
+
+
+def test_prefix_lm_equals_one_stack_over_source_and_target():
+    """The encoder/decoder split of the prefix LM is exactly one layer stack over [source; target] with
+    a bidirectional mask on the source and a causal mask on the target (no padding here)."""
+    import torch
+
+    torch.manual_seed(0)
+    model = build_model("one_wide_ffn_prefix_lm_tiny", 300, device="cpu").eval()
+    dec = model.decoder
+    src = torch.randint(4, 300, (2, 7))
+    tgt = torch.randint(4, 300, (2, 5))
+    with torch.no_grad():
+        split = dec(tgt, encoder_out=model.encoder(src))[0]
+        xs, _ = dec.embed(src)
+        xt, _ = dec.embed(tgt)
+        x = torch.cat([xs, xt], dim=0)  # (S+T, B, C)
+        s, t = src.size(1), tgt.size(1)
+        mask = torch.zeros(s + t, s + t)
+        mask[:s, s:] = float("-inf")  # the source never sees the target
+        mask[s:, s:] = torch.triu(torch.full((t, t), float("-inf")), 1)  # causal over the target
+        for layer in dec.layers:
+            x = layer(x, attn_mask=mask)
+        one_stack = dec.output_layer(dec.layer_norm(x[s:]).transpose(0, 1))
+    assert (split - one_stack).abs().max().item() < 1e-5
