@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Train a baseline Transformer EN->DE with fairseq-train --user-dir fairseq_ext.
+# Train a baseline Transformer EN->DE (examples/train.sh with the size's model flags).
 #   examples/baseline/train.sh SIZE DATA_BIN SAVE_DIR [extra fairseq-train flags...]
 # SIZE:
 #   tiny      stock transformer_tiny (d=64, 2+2): smoke runs
@@ -9,33 +9,20 @@
 #   balanced  transformer_balanced (pre-norm, base dims, 12 encoder + 2 decoder)
 #   balanced_tiny / balanced_big: the other sizes of transformer_balanced
 # Stop it with --max-update N, --max-epoch N or --stop-time-hours H among the extra flags.
-# Defaults follow the CAN paper's training (Adam 0.9/0.98... inverse_sqrt, label smoothing 0.1).
 set -euo pipefail
 size=$1; data=$2; save=$3; shift 3
-repo=$(cd "$(dirname "$0")/../.." && pwd)
+here=$(cd "$(dirname "$0")" && pwd)
+SMALL_DIMS=(--encoder-layers 4 --decoder-layers 2 --encoder-embed-dim 256 --decoder-embed-dim 256
+            --encoder-ffn-embed-dim 1024 --decoder-ffn-embed-dim 1024
+            --encoder-attention-heads 4 --decoder-attention-heads 4
+            --encoder-normalize-before --decoder-normalize-before --share-all-embeddings)
 case "$size" in
-  tiny)          arch=(--arch transformer_tiny --share-all-embeddings); lr=2e-3; warmup=200 ;;
-  small)         arch=(--arch transformer --encoder-layers 4 --decoder-layers 2
-                       --encoder-embed-dim 256 --decoder-embed-dim 256
-                       --encoder-ffn-embed-dim 1024 --decoder-ffn-embed-dim 1024
-                       --encoder-attention-heads 4 --decoder-attention-heads 4
-                       --encoder-normalize-before --decoder-normalize-before --share-all-embeddings)
-                 lr=1e-3; warmup=500 ;;
-  base)          arch=(--arch transformer --share-all-embeddings); lr=7e-4; warmup=4000 ;;
-  balanced)      arch=(--arch transformer_balanced); lr=1e-3; warmup=4000 ;;
-  balanced_tiny) arch=(--arch transformer_balanced_tiny); lr=2e-3; warmup=200 ;;
-  balanced_big)  arch=(--arch transformer_balanced_big); lr=5e-4; warmup=4000 ;;
+  tiny)          arch=(--arch transformer_tiny --share-all-embeddings --lr 2e-3 --warmup-updates 200) ;;
+  small)         arch=(--arch transformer "${SMALL_DIMS[@]}") ;;
+  base)          arch=(--arch transformer --share-all-embeddings --lr 7e-4 --warmup-updates 4000) ;;
+  balanced)      arch=(--arch transformer_balanced --warmup-updates 4000) ;;
+  balanced_tiny) arch=(--arch transformer_balanced_tiny --lr 2e-3 --warmup-updates 200) ;;
+  balanced_big)  arch=(--arch transformer_balanced_big --lr 5e-4 --warmup-updates 4000) ;;
   *) echo "unknown SIZE '$size' (tiny|small|base|balanced|balanced_tiny|balanced_big)" >&2; exit 2 ;;
 esac
-mkdir -p "$save"
-device=(--cpu)
-python -c 'import torch,sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null && device=()
-set -x
-fairseq-train "$data" --user-dir "$repo/fairseq_ext" "${device[@]}" \
-  --task translation --source-lang en --target-lang de \
-  "${arch[@]}" --dropout 0.1 \
-  --optimizer adam --adam-betas '(0.9, 0.98)' --clip-norm 0.0 \
-  --lr "$lr" --lr-scheduler inverse_sqrt --warmup-updates "$warmup" --warmup-init-lr 1e-07 \
-  --criterion label_smoothed_cross_entropy --label-smoothing 0.1 \
-  --max-tokens 4096 --save-dir "$save" --keep-last-epochs 5 \
-  --log-format simple --log-interval 50 --seed 1 "$@"
+exec "$here/../train.sh" "$data" "$save" "${arch[@]}" "$@"
