@@ -3,7 +3,8 @@
 #   examples/train.sh DATA_BIN SAVE_DIR [fairseq-train flags: --arch ... --max-update N ...]
 # Defaults (CAN / One Wide FFN papers): Adam (0.9, 0.98), inverse_sqrt with --warmup-updates 500 and
 # --lr 1e-3 (later flags win: pass your own), label smoothing 0.1, dropout 0.1, 4,096 tokens per batch,
-# the last 5 epoch checkpoints kept. --cpu unless torch sees a GPU.
+# the last 5 epoch checkpoints kept, a log line every LOG_INTERVAL (env, default 50) updates.
+# --cpu unless torch sees a GPU.
 set -euo pipefail
 data=$1; save=$2; shift 2
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -17,4 +18,4 @@ fairseq-train "$data" --user-dir "$repo/fairseq_ext" "${device[@]}" \
   --lr 1e-3 --lr-scheduler inverse_sqrt --warmup-updates 500 --warmup-init-lr 1e-07 \
   --criterion label_smoothed_cross_entropy --label-smoothing 0.1 \
   --max-tokens 4096 --save-dir "$save" --keep-last-epochs 5 \
-  --log-format simple --log-interval 50 --seed 1 "$@"
+  --log-format simple --log-interval "${LOG_INTERVAL:-50}" --seed 1 "$@"

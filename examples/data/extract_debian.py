@@ -22,7 +22,6 @@ random Ding sentences, valid = 1,319 random pairs of the other sources (seeded).
 import argparse
 import collections
 import glob
-import gzip
 import html
 import html.parser
 import os
@@ -33,6 +32,8 @@ import subprocess
 import sys
 import xml.etree.ElementTree as ET
 import zipfile
+
+from corpus_io import read_gz, write_gz
 
 DEBS = {
     "ding_sent": ["trans-de-en"],
@@ -323,16 +324,6 @@ def _paragraphs(lines):
 
 
 # ---------------------------------------------------------------- assembly
-
-def read_gz(path):
-    with gzip.open(path, "rt", encoding="utf-8") as f:
-        return [l.rstrip("\n") for l in f]
-
-
-def write_gz(path, lines):
-    with open(path, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0, filename="") as f:
-        f.write("".join(l + "\n" for l in lines).encode("utf-8"))
-
 
 def collect(work, sources):
     need = sorted({p for s in sources for p in DEBS.get(s, [])})

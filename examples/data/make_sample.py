@@ -8,20 +8,10 @@ test set's domain), and copies valid/test whole. Deterministic for a given seed.
     python examples/data/make_sample.py --corpus ../shared/data/en-de --out data/en-de-sample
 """
 import argparse
-import gzip
 import os
 import random
 
-
-def read_lines(path):
-    with gzip.open(path, "rt", encoding="utf-8") as f:
-        return [line.rstrip("\n") for line in f]
-
-
-def write_lines(path, lines):
-    # mtime=0: the same sample gives byte-identical files (reviewable diffs)
-    with open(path, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0, filename="") as f:
-        f.write("".join(line + "\n" for line in lines).encode("utf-8"))
+from corpus_io import read_gz, write_gz
 
 
 def main():
@@ -34,9 +24,9 @@ def main():
     p.add_argument("--seed", type=int, default=1)
     args = p.parse_args()
 
-    en = read_lines(os.path.join(args.corpus, "train.en.gz"))
-    de = read_lines(os.path.join(args.corpus, "train.de.gz"))
-    origin = read_lines(os.path.join(args.corpus, "train.origin.gz"))
+    en = read_gz(os.path.join(args.corpus, "train.en.gz"))
+    de = read_gz(os.path.join(args.corpus, "train.de.gz"))
+    origin = read_gz(os.path.join(args.corpus, "train.origin.gz"))
     if not (len(en) == len(de) == len(origin)):
         raise SystemExit(f"misaligned corpus: {len(en)} en, {len(de)} de, {len(origin)} origin lines")
     rng = random.Random(args.seed)
@@ -46,13 +36,13 @@ def main():
     chosen = sorted(rng.sample(ding, n_ding) + rng.sample(other, args.pairs - n_ding))
 
     os.makedirs(args.out, exist_ok=True)
-    write_lines(os.path.join(args.out, "train.en.gz"), [en[i] for i in chosen])
-    write_lines(os.path.join(args.out, "train.de.gz"), [de[i] for i in chosen])
-    write_lines(os.path.join(args.out, "train.origin.gz"), [origin[i] for i in chosen])
+    write_gz(os.path.join(args.out, "train.en.gz"), [en[i] for i in chosen])
+    write_gz(os.path.join(args.out, "train.de.gz"), [de[i] for i in chosen])
+    write_gz(os.path.join(args.out, "train.origin.gz"), [origin[i] for i in chosen])
     for split in ("valid", "test"):
         for lang in ("en", "de"):
-            write_lines(os.path.join(args.out, f"{split}.{lang}.gz"),
-                        read_lines(os.path.join(args.corpus, f"{split}.{lang}.gz")))
+            write_gz(os.path.join(args.out, f"{split}.{lang}.gz"),
+                        read_gz(os.path.join(args.corpus, f"{split}.{lang}.gz")))
     counts = {}
     for i in chosen:
         counts[origin[i]] = counts.get(origin[i], 0) + 1

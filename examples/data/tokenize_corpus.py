@@ -12,16 +12,12 @@ With --apply MODEL (an spm.model or bpe.codes), applies that model instead of le
 prepare a test set for a shipped checkpoint: --apply shipped/X/spm.model --splits test.
 """
 import argparse
-import gzip
 import io
 import os
 import random
 import sys
 
-
-def read_lines(path):
-    with gzip.open(path, "rt", encoding="utf-8") as f:
-        return [line.rstrip("\n") for line in f]
+from corpus_io import read_gz
 
 
 def main():
@@ -49,7 +45,7 @@ def main():
             path = os.path.join(args.corpus, f"{split}.{lang}.gz")
             if not os.path.exists(path):
                 sys.exit(f"missing {path}: the corpus folder must hold train/valid/test.{{{args.src},{args.tgt}}}.gz")
-            splits[split, lang] = read_lines(path)
+            splits[split, lang] = read_gz(path)
     tok_dir = os.path.join(args.out, "tok")
     os.makedirs(tok_dir, exist_ok=True)
     if args.apply is not None:

@@ -9,6 +9,7 @@ are shared (joined dictionary), as in the papers.
 from fairseq.models.transformer.transformer_legacy import base_architecture, transformer_wmt_en_de_big
 
 from ..compat import register_model_architecture
+from .common import tiny_dims
 
 
 def _balanced_defaults(args):
@@ -36,14 +37,7 @@ def transformer_balanced_big(args):
 @register_model_architecture("transformer", "transformer_balanced_tiny")
 def transformer_balanced_tiny(args):
     """Test / quick-start size: d=64, FFN 256, 4 heads, 3 encoder / 1 decoder layers, pre-norm."""
-    args.encoder_embed_dim = getattr(args, "encoder_embed_dim", 64)
-    args.encoder_ffn_embed_dim = getattr(args, "encoder_ffn_embed_dim", 256)
-    args.encoder_attention_heads = getattr(args, "encoder_attention_heads", 4)
-    args.decoder_embed_dim = getattr(args, "decoder_embed_dim", args.encoder_embed_dim)
-    args.decoder_ffn_embed_dim = getattr(args, "decoder_ffn_embed_dim", args.encoder_ffn_embed_dim)
-    args.decoder_attention_heads = getattr(args, "decoder_attention_heads", args.encoder_attention_heads)
-    args.encoder_layers = getattr(args, "encoder_layers", 3)
-    args.decoder_layers = getattr(args, "decoder_layers", 1)
+    tiny_dims(args, ffn_dim=256, encoder_layers=3, decoder_layers=1)
     transformer_balanced(args)
 
 

@@ -26,6 +26,7 @@ from torch import Tensor
 
 from ..compat import register_model, register_model_architecture
 from ..modules.feedforward import SHARING_MODES, ffn_sharing_plan
+from .common import tiny_dims
 
 BASELINES = {  # arch -> the paper's baseline at the same dimensions (tools/params.py, benchmarks)
     "one_wide_ffn_big": "transformer_wmt_en_de_big",
@@ -275,21 +276,10 @@ def one_wide_ffn_deep_shallow(args):
     one_wide_ffn_big(args)
 
 
-def _tiny_dims(args):
-    args.encoder_embed_dim = getattr(args, "encoder_embed_dim", 64)
-    args.encoder_ffn_embed_dim = getattr(args, "encoder_ffn_embed_dim", 128)
-    args.encoder_attention_heads = getattr(args, "encoder_attention_heads", 4)
-    args.decoder_embed_dim = getattr(args, "decoder_embed_dim", args.encoder_embed_dim)
-    args.decoder_ffn_embed_dim = getattr(args, "decoder_ffn_embed_dim", args.encoder_ffn_embed_dim)
-    args.decoder_attention_heads = getattr(args, "decoder_attention_heads", args.encoder_attention_heads)
-    args.encoder_layers = getattr(args, "encoder_layers", 2)
-    args.decoder_layers = getattr(args, "decoder_layers", 2)
-
-
 @register_model_architecture("one_wide_ffn", "one_wide_ffn_tiny")
 def one_wide_ffn_tiny(args):
     """Test size of the One Wide FFN: d=64, 2/2 layers, SharedEncNoDec, d_ff' = 4 x 128 = 512."""
-    _tiny_dims(args)
+    tiny_dims(args, ffn_dim=128, encoder_layers=2, decoder_layers=2)
     _one_wide(args, (args.encoder_layers + args.decoder_layers) * args.encoder_ffn_embed_dim)
     one_wide_ffn_base_architecture(args)
 
@@ -306,7 +296,7 @@ def one_wide_ffn_cycle_tiny(args):
     args.share_decoder_self_attn = getattr(args, "share_decoder_self_attn", True)
     args.encoder_normalize_before = getattr(args, "encoder_normalize_before", True)
     args.decoder_normalize_before = getattr(args, "decoder_normalize_before", True)
-    _tiny_dims(args)
+    tiny_dims(args, ffn_dim=128, encoder_layers=2, decoder_layers=2)
     one_wide_ffn_base_architecture(args)
 
 
@@ -318,7 +308,7 @@ def one_wide_ffn_shared_enc_dec_tiny(args):
     args.decoder_ffn_sharing = getattr(args, "decoder_ffn_sharing", "encoder")
     args.share_encoder_self_attn = getattr(args, "share_encoder_self_attn", True)
     args.share_decoder_cross_attn = getattr(args, "share_decoder_cross_attn", True)
-    _tiny_dims(args)
+    tiny_dims(args, ffn_dim=128, encoder_layers=2, decoder_layers=2)
     one_wide_ffn_base_architecture(args)
 
 
