@@ -2,7 +2,7 @@
 # `make demo`: the whole pipeline on the committed data, then the shipped checkpoints.
 #  Part 1 (short runs, from scratch): SentencePiece on data/en-de-sample -> fairseq-preprocess ->
 #         fairseq-train --user-dir fairseq_ext of a tiny Transformer and a tiny One Wide FFN model with the
-#         same budget (DEMO_UPDATES updates each, default 80) -> fairseq-generate on the 2,000-sentence
+#         same budget (DEMO_UPDATES updates each, default 60) -> fairseq-generate on the 2,000-sentence
 #         test set -> one table of BLEU/chrF/parameters/speed. A few CPU minutes cannot teach translation:
 #         this part shows the pipeline and the falling loss, and its BLEU is expected to be near zero.
 #  Part 2 (shipped checkpoints): every model under shipped/ (trained for hours by this repo's recipes;
@@ -11,7 +11,7 @@ set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 cd "$repo"
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(nproc)}
-updates=${DEMO_UPDATES:-80}
+updates=${DEMO_UPDATES:-60}
 runs=runs/demo
 mkdir -p "$runs"
 start=$(date +%s)
@@ -22,7 +22,7 @@ LOG_INTERVAL=10 EVAL_FLAGS="--max-len-a 1.2 --max-len-b 10" examples/one_wide_ff
   "$updates" tiny > "$runs/short.log" 2>&1 || { tail -40 "$runs/short.log"; exit 1; }
 for m in baseline one_wide_ffn; do
   echo "-- $m: training loss (label-smoothed, base 2) --"
-  grep -E "train_inner" "$runs/short/$m.train.log" | sed -E 's/.*(epoch [0-9]+).*loss=([0-9.]+).*num_updates=([0-9]+).*/  \1  update \3  loss \2/' | awk 'NR==1 || NR%2==0'
+  grep -E "train_inner" "$runs/short/$m.train.log" | sed -E 's/.*(epoch [0-9]+).* loss=([0-9.]+).*num_updates=([0-9]+).*/  \1  update \3  loss \2/' | awk 'NR==1 || NR%2==0'
 done
 echo
 cat "$runs/short/results.md"

@@ -4,7 +4,8 @@
 # SIZE (dims of examples/baseline/train.sh's sizes, so runs compare at equal budgets):
 #   small         SharedEncNoDec, d_ff' = (4+2) x 1024 = 6,144: the One Wide FFN of the baseline "small"
 #   small_shared  SharedEncNoDec at d_ff' = d_ff = 1,024 (the paper's vanilla SharedEncNoDec)
-#   tiny          one_wide_ffn_tiny (d=64)
+#   tiny          the One Wide FFN of transformer_tiny (d=64, 2 heads, 2+2 layers, d_ff' = 4 x 64 = 256:
+#                 the same parameter count as baseline/train.sh tiny)
 #   base / big / deep_shallow: one_wide_ffn_base / one_wide_ffn_big / one_wide_ffn_deep_shallow
 # Any other FFN placement: SIZE=custom and the flags yourself (--arch one_wide_ffn --encoder-ffn-sharing ...).
 set -euo pipefail
@@ -18,7 +19,8 @@ SMALL_DIMS=(--arch one_wide_ffn --encoder-layers 4 --decoder-layers 2 --encoder-
 case "$size" in
   small)         arch=("${SMALL_DIMS[@]}" --encoder-shared-ffn-dim 6144) ;;
   small_shared)  arch=("${SMALL_DIMS[@]}" --encoder-shared-ffn-dim 1024) ;;
-  tiny)          arch=(--arch one_wide_ffn_tiny --lr 2e-3 --warmup-updates 200) ;;
+  tiny)          arch=(--arch one_wide_ffn_tiny --encoder-shared-ffn-dim 256 --encoder-attention-heads 2
+                       --decoder-attention-heads 2 --lr 2e-3 --warmup-updates 200) ;;
   base)          arch=(--arch one_wide_ffn_base --lr 7e-4 --warmup-updates 4000) ;;
   big)           arch=(--arch one_wide_ffn_big --lr 7e-4 --warmup-updates 4000) ;;
   deep_shallow)  arch=(--arch one_wide_ffn_deep_shallow --lr 7e-4 --warmup-updates 4000) ;;
