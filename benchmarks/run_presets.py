@@ -23,6 +23,8 @@ PRESETS = {
     "decode_one_wide_ffn_base": (decode_speed, "transformer", ["one_wide_ffn_base"], []),
     # CAN vs the balanced 12/2 baseline (paper: 1.42x, beam 4)
     "decode_can": (decode_speed, "transformer_balanced", ["can_decoder"], ["--beam", "4"]),
+    # ... and against the standard 6/6 Transformer base (paper: 2.82x)
+    "decode_can_vs_standard": (decode_speed, "transformer", ["transformer_balanced", "can_decoder"], ["--beam", "4"]),
     # Scaling Transformer: dense vs sparse FFN vs sparse FFN+QKV, greedy batch 1 (paper: 1.72x, 2.62x at 800M)
     "decode_scaling_sparse": (decode_speed, "transformer", ["scaling_sparse_ff", "scaling_sparse"], ["--beam", "1"]),
     # Simplified blocks: training throughput vs Pre-LN (paper: ~+15%); translation models here, the

@@ -9,6 +9,7 @@ FAMILIES = [
     "baseline",  # transformer_balanced (pre-norm 12/2) and its sizes
     "one_wide_ffn",  # One Wide FFN: FFN sharing / dropping / widening, attention sharing
     "one_wide_ffn_prefix_lm",  # One Wide FFN's decoder-only (prefix-LM) translation model
+    "can",  # Compressed Attention Network decoder (+ any One Wide FFN encoder)
 ]
 
 for _name in FAMILIES:
