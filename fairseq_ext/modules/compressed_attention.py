@@ -65,6 +65,23 @@ class CompressedAttention(nn.Module):
         """(L, B, h*hd) -> (B, h, L, hd)"""
         return x.view(x.size(0), x.size(1), self.num_heads, head_dim).permute(1, 2, 0, 3)
 
+    def _x_projections(self, x):
+        """q, k_self, v_self and X·W1+b1 of x. In decoding (eval mode with a cache) they are one matmul
+        with the four weights concatenated (cached; rebuilt when a weight changes), as the paper notes
+        X·W1 can be computed together with X·W_q."""
+        mods = [self.q_proj] + ([self.k_self, self.v_self] if self.self_attention else []) + \
+               ([self.fc1] if self.ffn else [])
+        if self.training or x.size(0) != 1:
+            return [mod(x) for mod in mods]
+        params = [p for mod in mods for p in (mod.weight, mod.bias) if p is not None]
+        key = tuple((p.data_ptr(), p._version, p.dtype, p.device) for p in params)
+        if getattr(self, "_fused_key", None) != key:
+            weight = torch.cat([mod.weight for mod in mods]).detach()
+            bias = torch.cat([mod.bias if mod.bias is not None else mod.weight.new_zeros(mod.out_features)
+                              for mod in mods]).detach()
+            self._fused, self._fused_key = (weight, bias), key
+        return F.linear(x, *self._fused).split([mod.out_features for mod in mods], dim=-1)
+
     def forward(self, x, encoder_out: Optional[Tensor] = None, encoder_padding_mask: Optional[Tensor] = None,
                 self_attn_mask: Optional[Tensor] = None, self_padding_mask: Optional[Tensor] = None,
                 incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]] = None):
@@ -72,47 +89,61 @@ class CompressedAttention(nn.Module):
         encoder_padding_mask: (B, S) True at padding; self_attn_mask: (T, T) additive causal mask or
         None; self_padding_mask: (B, T) True at padding. Returns (T, B, C)."""
         t, b, _ = x.shape
-        q = self._heads(self.q_proj(x) * self.scaling, self.head_dim)  # (B, h, T, dh)
+        proj = list(self._x_projections(x))
+        q = self._heads(proj.pop(0) * self.scaling, self.head_dim)  # (B, h, T, dh)
         state = self.get_incremental_state(incremental_state, "state") if incremental_state is not None else None
         state = state if state is not None else {}
-        keys, values, masks = [], [], []
+        scores, values = [], []  # per part: no concatenation of the caches themselves
         if self.encoder_attention:
             if "enc_k" in state:
-                k_e, v_e, pad_e = state["enc_k"], state["enc_v"], state["enc_pad"]
+                k_e, v_e, bias_e = state["enc_k"], state["enc_v"], state.get("enc_bias")
             else:
                 k_e = self._heads(self.k_enc(encoder_out), self.head_dim)
                 v_e = self._heads(self.v_enc(encoder_out), self.value_head_dim)
-                pad_e = (encoder_padding_mask if encoder_padding_mask is not None
-                         else k_e.new_zeros(b, k_e.size(2), dtype=torch.bool))
-            keys.append(k_e), values.append(v_e)
-            masks.append(pad_e.view(b, 1, 1, -1).expand(b, 1, t, pad_e.size(1)))
-            if incremental_state is not None:
-                state.update(enc_k=k_e, enc_v=v_e, enc_pad=pad_e)
+                bias_e = None  # additive padding mask, (B, 1, 1, S)
+                if encoder_padding_mask is not None and encoder_padding_mask.any():
+                    bias_e = k_e.new_zeros(b, 1, 1, k_e.size(2)).masked_fill(
+                        encoder_padding_mask.view(b, 1, 1, -1), float("-inf"))
+                if incremental_state is not None:
+                    state.update(enc_k=k_e, enc_v=v_e)
+                    if bias_e is not None:
+                        state["enc_bias"] = bias_e
+            s_e = torch.matmul(q, k_e.transpose(2, 3))
+            scores.append(s_e if bias_e is None else s_e + bias_e)
+            values.append(v_e)
         if self.self_attention:
-            k_s = self._heads(self.k_self(x), self.head_dim)
-            v_s = self._heads(self.v_self(x), self.value_head_dim)
-            pad_s = self_padding_mask if self_padding_mask is not None else x.new_zeros(b, t, dtype=torch.bool)
+            k_s, v_s = self._heads(proj.pop(0), self.head_dim), self._heads(proj.pop(0), self.value_head_dim)
+            pad_s = self_padding_mask
             if "self_k" in state:  # append this step's key/value to the cache
                 k_s = torch.cat([state["self_k"], k_s], dim=2)
                 v_s = torch.cat([state["self_v"], v_s], dim=2)
-                pad_s = torch.cat([state["self_pad"], pad_s], dim=1)
+                prev_pad = state.get("self_pad")
+                if prev_pad is not None or pad_s is not None:
+                    prev_pad = prev_pad if prev_pad is not None else x.new_zeros(b, k_s.size(2) - t, dtype=torch.bool)
+                    pad_s = torch.cat([prev_pad, pad_s if pad_s is not None else x.new_zeros(b, t, dtype=torch.bool)], 1)
             if incremental_state is not None:
-                state.update(self_k=k_s, self_v=v_s, self_pad=pad_s)
-            keys.append(k_s), values.append(v_s)
-            m = pad_s.view(b, 1, 1, -1).expand(b, 1, t, pad_s.size(1))
+                state.update(self_k=k_s, self_v=v_s)
+                if pad_s is not None:
+                    state["self_pad"] = pad_s
+            s_s = torch.matmul(q, k_s.transpose(2, 3))
             if self_attn_mask is not None:  # causal: (T, T) with -inf above the diagonal
-                m = m | torch.isinf(self_attn_mask[:, -pad_s.size(1):]).view(1, 1, t, -1)
-            masks.append(m)
+                s_s = s_s + self_attn_mask[:, -k_s.size(2):]
+            if pad_s is not None and pad_s.any():
+                s_s = s_s.masked_fill(pad_s.view(b, 1, 1, -1), float("-inf"))
+            scores.append(s_s)
+            values.append(v_s)
         if incremental_state is not None:
             self.set_incremental_state(incremental_state, "state", state)
-        k, v, mask = torch.cat(keys, dim=2), torch.cat(values, dim=2), torch.cat(masks, dim=3)
-        scores = torch.matmul(q, k.transpose(2, 3)).masked_fill(mask, float("-inf"))  # (B, h, T, S+T')
-        probs = utils.softmax(scores, dim=-1, onnx_trace=False).type_as(scores)  # one softmax (Eq. 11)
-        ctx = torch.matmul(self.attention_dropout_module(probs), v)  # (B, h, T, dv/h)
+        logits = torch.cat(scores, dim=3) if len(scores) > 1 else scores[0]  # (B, h, T, S+T')
+        probs = self.attention_dropout_module(utils.softmax(logits, dim=-1).type_as(logits))  # one softmax, Eq. 11
+        ctx = None
+        for p, v in zip(probs.split([sc.size(3) for sc in scores], dim=3), values):
+            part = torch.matmul(p, v)  # (B, h, T, dv/h)
+            ctx = part if ctx is None else ctx + part
         ctx = ctx.permute(2, 0, 1, 3).reshape(t, b, self.value_dim)  # (T, B, d_v)
         if not self.ffn:
             return self.out_proj(ctx)
-        h = self.activation_fn(self.fc1(x) + ctx)  # ReLU(X·W1 + A·V~ + b1), Eq. 13
+        h = self.activation_fn(proj.pop(0) + ctx)  # ReLU(X·W1 + A·V~ + b1), Eq. 13
         return self.fc2(self.activation_dropout_module(h))
 
     @torch.jit.export
