@@ -9,7 +9,7 @@ differs; what remains is float summation order (all-reduce vs local accumulation
 import socket
 import subprocess
 
-import torch
+import pytest
 
 from conftest import REPO, clean_env, run
 from matrix import USER_DIR
@@ -21,24 +21,26 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def _common(data, save):
+def _common(data, save, arch):
     return [str(data / "bin"), "--user-dir", USER_DIR, "--cpu", "--task", "translation",
-            "--source-lang", "en", "--target-lang", "de", "--arch", "transformer_balanced_tiny",
+            "--source-lang", "en", "--target-lang", "de", "--arch", arch,
             "--dropout", "0", "--optimizer", "adam", "--lr", "1e-3", "--lr-scheduler", "fixed",
             "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
             "--max-tokens", "1000", "--max-update", "4", "--save-dir", str(save), "--no-epoch-checkpoints",
             "--seed", "5", "--log-format", "simple", "--ddp-backend", "legacy_ddp"]
 
 
-def test_two_gloo_ranks_equal_one_process_with_update_freq_2(tiny_data, tmp_path):
+# the baseline, a model with a shared (tied) FFN, and the CAN decoder on a shared-FFN encoder
+@pytest.mark.parametrize("arch", ["transformer_balanced_tiny", "one_wide_ffn_shared_enc_dec_tiny", "can_decoder_ffn_tiny"])
+def test_two_gloo_ranks_equal_one_process_with_update_freq_2(arch, tiny_data, tmp_path):
     single = tmp_path / "single"
-    run(["fairseq-train", *_common(tiny_data, single), "--update-freq", "2"], OMP_NUM_THREADS="1")
+    run(["fairseq-train", *_common(tiny_data, single, arch), "--update-freq", "2"], OMP_NUM_THREADS="1")
 
     ddp = tmp_path / "ddp"
     port = _free_port()
     procs = [
         subprocess.Popen(
-            ["fairseq-train", *_common(tiny_data, ddp), "--distributed-world-size", "2",
+            ["fairseq-train", *_common(tiny_data, ddp, arch), "--distributed-world-size", "2",
              "--distributed-rank", str(rank), "--distributed-no-spawn", "--distributed-backend", "gloo",
              "--distributed-init-method", f"tcp://127.0.0.1:{port}", "--device-id", str(rank)],
             cwd=REPO, env=clean_env(OMP_NUM_THREADS="1"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
