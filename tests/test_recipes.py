@@ -13,3 +13,17 @@ def test_one_wide_ffn_compare_recipe(tiny_data, tmp_path):
         assert row in table, table
     assert "100 test sentences" in table and "BLEU nrefs:1" in table
     assert "sentences" in p.stdout
+
+
+def test_can_distillation_recipe(trained, tiny_data, tmp_path):
+    """The transformer_tiny checkpoint of the CLI fixture is the teacher; a tiny CAN student trains on
+    its translations of the 2,000 training sentences."""
+    save, _, _ = trained
+    out = tmp_path / "kd"
+    p = run(["bash", os.path.join(REPO, "examples/can/distill.sh"), str(save / "checkpoint_last.pt"),
+             str(tiny_data), str(out), "can_tiny", "--max-update", "3", "--no-save"],
+            GEN_FLAGS="--max-len-a 1 --max-len-b 5")
+    assert "distilled 2000 training pairs" in p.stdout
+    lines = (out / "tok" / "train.de").read_text(encoding="utf-8").splitlines()
+    assert len(lines) == 2000 and sum(bool(l.strip()) for l in lines) > 1000
+    assert "done training" in p.stdout + p.stderr
