@@ -46,13 +46,19 @@ def build_model(arch, vocab, seed=1, flags=()):
     return model.eval(), task
 
 
-def load_checkpoint_model(path):
-    """A model (and its dictionary size) from a fairseq checkpoint, loaded with weights_only=True."""
+def load_checkpoint_model(path, data=None):
+    """(model, task) from a fairseq checkpoint, loaded with weights_only=True. The dictionaries come
+    from `data`, else from the checkpoint's own folder when it holds dict.*.txt (shipped models),
+    else from the data folder recorded in the checkpoint."""
     from fairseq import checkpoint_utils
 
     import fairseq_ext  # noqa: F401
 
-    models, cfg, task = checkpoint_utils.load_model_ensemble_and_task([path])
+    folder = os.path.dirname(os.path.abspath(path))
+    if data is None and any(f.startswith("dict.") and f.endswith(".txt") for f in os.listdir(folder)):
+        data = folder
+    overrides = {"data": data} if data else {}
+    models, _, task = checkpoint_utils.load_model_ensemble_and_task([path], arg_overrides=overrides)
     return models[0].eval(), task
 
 

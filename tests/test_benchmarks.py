@@ -64,3 +64,12 @@ def test_presets_skip_unregistered_candidates(tmp_path, capsys):
     assert "transformer" in r["models"]
     if "one_wide_ffn_base" not in r["models"]:
         assert "skipping one_wide_ffn_base" in capsys.readouterr().err
+
+
+def test_decode_speed_loads_checkpoints(trained, tmp_path):
+    save, _, _ = trained
+    decode_speed.main(["--baseline", "transformer_tiny", "--candidates", f"trained={save / 'checkpoint_last.pt'}",
+                       "--quick", "--vocab", "500", "--out-dir", str(tmp_path), "--name", "c"])
+    r = json.loads((tmp_path / "c.json").read_text())
+    assert set(r["models"]) == {"transformer_tiny", "trained"}
+    assert r["ratios"]["1"]["trained"]["median"] > 0
