@@ -9,14 +9,11 @@ are shared (joined dictionary), as in the papers.
 from fairseq.models.transformer.transformer_legacy import base_architecture, transformer_wmt_en_de_big
 
 from ..compat import register_model_architecture
-from .common import tiny_dims
+from .common import deep_shallow_prenorm, tiny_dims
 
 
 def _balanced_defaults(args):
-    args.encoder_layers = getattr(args, "encoder_layers", 12)
-    args.decoder_layers = getattr(args, "decoder_layers", 2)
-    args.encoder_normalize_before = getattr(args, "encoder_normalize_before", True)
-    args.decoder_normalize_before = getattr(args, "decoder_normalize_before", True)
+    deep_shallow_prenorm(args)
     args.share_all_embeddings = getattr(args, "share_all_embeddings", True)
 
 

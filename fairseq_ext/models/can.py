@@ -23,7 +23,7 @@ from torch import Tensor, nn
 
 from ..compat import register_model, register_model_architecture
 from ..modules.compressed_attention import CompressedAttention
-from .common import tiny_dims
+from .common import deep_shallow_prenorm, tiny_dims
 from .one_wide_ffn import OneWideFFNModel, apply_sharing, one_wide_ffn_defaults, validate_args
 
 COMPRESS_MODES = ("all", "attention", "ffn")
@@ -161,17 +161,10 @@ def can_defaults(args):
     args.can_value_dim = getattr(args, "can_value_dim", None) or getattr(args, "decoder_ffn_embed_dim", 2048)
 
 
-def _deep_shallow_prenorm(args):
-    args.encoder_layers = getattr(args, "encoder_layers", 12)
-    args.decoder_layers = getattr(args, "decoder_layers", 2)
-    args.encoder_normalize_before = getattr(args, "encoder_normalize_before", True)
-    args.decoder_normalize_before = getattr(args, "decoder_normalize_before", True)
-
-
 @register_model_architecture("can", "can_decoder")
 def can_decoder(args):
     """The paper's CAN: 12 encoder / 2 CAN decoder layers, base dims, pre-norm, d_v = 2048, dropout 0.1."""
-    _deep_shallow_prenorm(args)
+    deep_shallow_prenorm(args)
     base_architecture(args)
     can_defaults(args)
 
@@ -179,7 +172,7 @@ def can_decoder(args):
 @register_model_architecture("can", "can_decoder_big")
 def can_decoder_big(args):
     """CAN at Big dims (1024 / 4096 / 16 heads, d_v = 4096), 12 / 2 layers, pre-norm."""
-    _deep_shallow_prenorm(args)
+    deep_shallow_prenorm(args)
     transformer_wmt_en_de_big(args)
     can_defaults(args)
 

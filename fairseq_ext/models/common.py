@@ -11,3 +11,11 @@ def tiny_dims(args, ffn_dim, encoder_layers, decoder_layers, embed_dim=64, heads
     args.decoder_attention_heads = getattr(args, "decoder_attention_heads", args.encoder_attention_heads)
     args.encoder_layers = getattr(args, "encoder_layers", encoder_layers)
     args.decoder_layers = getattr(args, "decoder_layers", decoder_layers)
+
+
+def deep_shallow_prenorm(args):
+    """The balanced layout of CAN / Kasai et al.: 12 encoder / 2 decoder layers, pre-norm (overridable)."""
+    args.encoder_layers = getattr(args, "encoder_layers", 12)
+    args.decoder_layers = getattr(args, "decoder_layers", 2)
+    args.encoder_normalize_before = getattr(args, "encoder_normalize_before", True)
+    args.decoder_normalize_before = getattr(args, "decoder_normalize_before", True)
