@@ -2,7 +2,7 @@
 # `make demo`: the whole pipeline on the committed data, then the shipped checkpoints.
 #  Part 1 (short runs, from scratch): SentencePiece on data/en-de-sample -> fairseq-preprocess ->
 #         fairseq-train --user-dir fairseq_ext of a tiny Transformer and a tiny One Wide FFN model with the
-#         same budget (DEMO_UPDATES updates each, default 60) -> fairseq-generate on the 2,000-sentence
+#         same budget (DEMO_UPDATES updates each, default 120) -> fairseq-generate on the 2,000-sentence
 #         test set -> one table of BLEU/chrF/parameters/speed. A few CPU minutes cannot teach translation:
 #         this part shows the pipeline and the falling loss, and its BLEU is expected to be near zero.
 #  Part 2 (shipped checkpoints): every model under shipped/ (trained for hours by this repo's recipes;
@@ -11,7 +11,7 @@ set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 cd "$repo"
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(nproc)}
-updates=${DEMO_UPDATES:-60}
+updates=${DEMO_UPDATES:-120}
 runs=runs/demo
 mkdir -p "$runs"
 start=$(date +%s)
