@@ -13,6 +13,7 @@ import threading
 import time
 
 import torch
+from fairseq_ext.tools.params import count_parameters  # noqa: F401  (used as common.count_parameters)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCS = os.path.join(REPO, "docs", "benchmarks")
@@ -60,10 +61,6 @@ def load_checkpoint_model(path, data=None):
     overrides = {"data": data} if data else {}
     models, _, task = checkpoint_utils.load_model_ensemble_and_task([path], arg_overrides=overrides)
     return models[0].eval(), task
-
-
-def count_parameters(model):
-    return sum(p.numel() for p in model.parameters())
 
 
 class PeakRSS:

@@ -49,9 +49,9 @@ def bytes_per_step(model, bsz, beam, src_len, tgt_len):
     `decode_bytes_per_step`, else a standard encoder-decoder Transformer's."""
     if hasattr(model, "decode_bytes_per_step"):
         return model.decode_bytes_per_step(bsz, beam, src_len, tgt_len)
-    dec = sum(p.numel() for p in model.decoder.parameters())
-    enc_only = sum(p.numel() for n, p in model.encoder.named_parameters()
-                   if p.data_ptr() not in {q.data_ptr() for q in model.decoder.parameters()})
+    dec_params = {id(p): p.numel() for p in model.decoder.parameters()}  # tied weights once
+    dec = sum(dec_params.values())
+    enc_only = sum(p.numel() for p in model.encoder.parameters() if id(p) not in dec_params)
     layers = len(getattr(model.decoder, "layers", []))
     d = model.decoder.embed_dim if hasattr(model.decoder, "embed_dim") else 0
     rows = bsz * beam

@@ -176,15 +176,6 @@ class OneWideFFNModel(TransformerModel):
         apply_sharing(model, args, plans)
         return model
 
-    def decode_bytes_per_step(self, bsz, beam, src_len, tgt_len):
-        """Roofline bytes of one decoding step (benchmarks/decode_speed.py): distinct decoder weights,
-        attention caches, and the encoder weights amortised over the steps."""
-        dec_params = {id(p): p.numel() for p in self.decoder.parameters()}
-        enc_only = sum(p.numel() for p in self.encoder.parameters() if id(p) not in dec_params)
-        rows, d, layers = bsz * beam, self.decoder.embed_dim, len(self.decoder.layers)
-        kv = 2 * layers * rows * d * ((tgt_len + 2) / 2 + src_len)
-        return 4 * (sum(dec_params.values()) + kv + enc_only / (tgt_len + 1))
-
 
 def apply_sharing(model, args, plans):
     """Tie / drop the FFNs per plan and tie attention weights, in place."""
