@@ -2,7 +2,8 @@
 # Translate a corpus' test set with a checkpoint and score it (sacrebleu BLEU + chrF, speed).
 #   examples/evaluate.sh MODEL_DIR CORPUS_DIR OUT_DIR [extra fairseq-generate flags...]
 # MODEL_DIR holds checkpoint.pt (or pass CKPT=path), spm.model, dict.en.txt, dict.de.txt, and
-# SHA256SUMS if it is a shipped model (verified first). The test set is tokenized with the model's own
+# SHA256SUMS if it is a shipped model (verified first). TRAIN_LOG=path adds that fairseq-train log's
+# last validation (loss, perplexity) to score.json. The test set is tokenized with the model's own
 # SentencePiece model and binarized with its dictionary. Beam 5 by default.
 set -euo pipefail
 model=$1; corpus=$2; out=$3; shift 3
@@ -23,4 +24,5 @@ fairseq-generate "$out/bin" --user-dir "$here/../fairseq_ext" --cpu --path "$ckp
   --source-lang en --target-lang de --beam 5 --max-tokens 6000 --scoring sacrebleu \
   --post-process sentencepiece "$@" > "$out/generate.out" 2>&1 \
   || { tail -30 "$out/generate.out"; exit 1; }
-python -m fairseq_ext.tools.score "$out/generate.out" --copy-baseline --checkpoint "$ckpt" --json "$out/score.json" 2>/dev/null
+python -m fairseq_ext.tools.score "$out/generate.out" --copy-baseline --checkpoint "$ckpt" --json "$out/score.json" \
+  ${TRAIN_LOG:+--train-log "$TRAIN_LOG"} 2>/dev/null

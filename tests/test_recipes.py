@@ -27,3 +27,16 @@ def test_can_distillation_recipe(trained, tiny_data, tmp_path):
     lines = (out / "tok" / "train.de").read_text(encoding="utf-8").splitlines()
     assert len(lines) == 2000 and sum(bool(l.strip()) for l in lines) > 1000
     assert "done training" in p.stdout + p.stderr
+
+
+def test_scaling_sparse_compare_recipe(tiny_data, tmp_path):
+    """Dense vs sparse FFN+QKV at tiny size through fairseq-train / fairseq-generate (beam 5):
+    the table carries the valid perplexity of each run."""
+    out = tmp_path / "sparse"
+    run(["bash", os.path.join(REPO, "examples/scaling_sparse/compare.sh"), str(tiny_data.parent / "corpus"),
+         str(out), "6", "tiny"], VOCAB="1000", EVAL_FLAGS="--max-len-a 1 --max-len-b 5")
+    table = (out / "results.md").read_text()
+    assert "| model | parameters | valid ppl | BLEU |" in table, table
+    for row in ("| dense |", "| sparse_ff_qkv |", "| copy source (trivial) |"):
+        assert row in table, table
+    assert "100 test sentences" in table

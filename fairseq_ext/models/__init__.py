@@ -10,6 +10,7 @@ FAMILIES = [
     "one_wide_ffn",  # One Wide FFN: FFN sharing / dropping / widening, attention sharing
     "one_wide_ffn_prefix_lm",  # One Wide FFN's decoder-only (prefix-LM) translation model
     "can",  # Compressed Attention Network decoder (+ any One Wide FFN encoder)
+    "scaling_sparse",  # Scaling Transformers: sparse FFN, sparse QKV, sparse loss (+ One Wide FFN placement)
 ]
 
 for _name in FAMILIES:

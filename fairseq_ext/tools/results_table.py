@@ -3,7 +3,7 @@
     python -m fairseq_ext.tools.results_table baseline=runs/a/score.json one_wide_ffn=runs/b/score.json \\
         [--copy-baseline] [--title TEXT]
 
-Columns: model, parameters, BLEU, chrF (sacrebleu), decoding sentences/s and tokens/s (fairseq-generate's
+Columns: model, parameters, valid perplexity (when score.json has it: score --train-log), BLEU, chrF (sacrebleu), decoding sentences/s and tokens/s (fairseq-generate's
 own timer over the whole test set). --copy-baseline adds the source-copied-as-output row.
 """
 import argparse
@@ -11,19 +11,24 @@ import json
 
 
 def table(entries, copy_baseline=False):
-    rows = ["| model | parameters | BLEU | chrF | sentences/s | tokens/s |", "|---|---|---|---|---|---|"]
-    first = None
+    results = []
     for name, path in entries:
         with open(path) as f:
-            r = json.load(f)
-        first = first or r
+            results.append((name, json.load(f)))
+    ppl = any(r.get("valid") for _, r in results)  # a column when the runs' train logs were given
+    rows = ["| model | parameters |" + (" valid ppl |" if ppl else "") + " BLEU | chrF | sentences/s | tokens/s |",
+            "|---|---|" + ("---|" if ppl else "") + "---|---|---|---|"]
+    first = results[0][1] if results else None
+    for name, r in results:
         params = f"{r['parameters'] / 1e6:.2f}M" if r.get("parameters") else "-"
         s = r.get("speed") or {}
-        rows.append(f"| {name} | {params} | {r['bleu']:.2f} | {r['chrf']:.2f} | "
+        v = f" {r['valid']['ppl']:.2f} |" if r.get("valid") and "ppl" in r["valid"] else (" - |" if ppl else "")
+        rows.append(f"| {name} | {params} |{v} {r['bleu']:.2f} | {r['chrf']:.2f} | "
                     f"{s.get('sentences_per_s', float('nan')):.1f} | {s.get('tokens_per_s', float('nan')):.1f} |")
     if copy_baseline and first and "copy_baseline" in first:
         c = first["copy_baseline"]
-        rows.append(f"| copy source (trivial) | - | {c['bleu']:.2f} | {c['chrf']:.2f} | - | - |")
+        rows.append(f"| copy source (trivial) | - |" + (" - |" if ppl else "") +
+                    f" {c['bleu']:.2f} | {c['chrf']:.2f} | - | - |")
     if first:
         rows.append("")
         rows.append(f"{first['sentences']} test sentences; BLEU {first['bleu_signature']}; chrF {first['chrf_signature']}")

@@ -58,14 +58,31 @@ def score_file(path, copy_baseline=False):
     return result
 
 
+def last_validation(log_path):
+    """loss / nll_loss (base 2) / ppl / num_updates of the last "valid on 'valid' subset" line of a
+    fairseq-train log (simple or tqdm format), or None."""
+    last = None
+    with open(log_path, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            if "valid on 'valid' subset" in line:
+                last = line
+    if last is None:
+        return None
+    fields = dict(re.findall(r"\b(loss|nll_loss|ppl|num_updates) ([0-9.e+-]+)", last))
+    return {k: float(v) for k, v in fields.items()}
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("generate_output")
     p.add_argument("--copy-baseline", action="store_true", help="also score source-copied-as-translation")
     p.add_argument("--checkpoint", help="also report this checkpoint's parameter count")
+    p.add_argument("--train-log", help="also report the last validation line of this fairseq-train log")
     p.add_argument("--json", help="write the result here too")
     args = p.parse_args(argv)
     r = score_file(args.generate_output, args.copy_baseline)
+    if args.train_log:
+        r["valid"] = last_validation(args.train_log)
     if args.checkpoint:
         from ..compat import load_checkpoint
         from .export_checkpoint import count_parameters
@@ -80,6 +97,9 @@ def main(argv=None):
         s = r["speed"]
         print(f"  decoding: {s['sentences_per_s']:.1f} sentences/s, {s['tokens_per_s']:.1f} tokens/s "
               f"({s['sentences']} sentences in {s['seconds']:.1f} s, fairseq-generate's timer)")
+    if r.get("valid"):
+        v = r["valid"]
+        print(f"  last validation: loss {v.get('loss')}  ppl {v.get('ppl')}  at {v.get('num_updates')} updates")
     if "copy_baseline" in r:
         c = r["copy_baseline"]
         print(f"  copy baseline (source as output): BLEU {c['bleu']:.2f}  chrF {c['chrf']:.2f}")

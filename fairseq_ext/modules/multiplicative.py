@@ -1,0 +1,227 @@
+"""Multiplicative dense layer, sparse QKV attention and sparse loss layer of Scaling Transformers
+(Jaszczur et al. 2021, §3.2-3.3, Fig. 4), with the details of the official trax code (DESIGN.md §4).
+
+MultiplicativeDense:  y[s, m] = Σ_i x_i D[i, s] E[i, m]    (§3.2; D: d×S, E: d×M, M = d/S outputs per module)
+ModuleConv:           a 2-D convolution over (length, modules) of the (T, B, S, M) tensor with M input and
+                      M output channels, kernel F (length) × K (modules, zero-padded), weights shared by
+                      all modules (§3.2 "Convolutional layer"; 9M² + M parameters for F = K = 3).
+SparseQKVAttention:   Q = conv_Q(mult(x)), K = conv_K(mult(x)), V = conv_V(mult(x)) with ONE multiplicative
+                      layer shared by Q, K, V, and no output dense layer (§3.2 "Combining ..."). As in trax,
+                      Q/K convolve over F steps × K modules, V over F steps × 1 module.
+  Our choices where the paper (a decoder-only LM) is silent:
+  - decoder self-attention: causal length kernel (the current and F−1 previous steps); decoding keeps
+    the last F−1 multiplicative outputs as conv state beside the key/value cache;
+  - encoder self-attention: centred length kernel ((F−1)/2 steps on each side), padded positions zeroed
+    before the convolution so a padded batch gives the numbers of the unpadded sentences;
+  - cross-attention: the same multiplicative layer maps the decoder input (query path: causal conv with
+    state) and the encoder output (key/value path: centred conv over the source, computed once per
+    sentence and cached, like fairseq's static_kv).
+SparseOutputProjection: the final dense layer before the softmax as a multiplicative layer with S = the
+                      loss sparsity, V = S·M logits (§3.3); needs a vocabulary divisible by S.
+"""
+import math
+from typing import Dict, Optional
+
+import torch
+import torch.nn.functional as F
+from fairseq import utils
+from fairseq.incremental_decoding_utils import with_incremental_state
+from fairseq.modules.fairseq_dropout import FairseqDropout
+from torch import Tensor, nn
+
+
+class MultiplicativeDense(nn.Module):
+    """y[s, m] = Σ_i x_i D[i, s] E[i, m] (§3.2). (…, d) -> (…, S, M). d·S + d·M parameters; the
+    layer can represent any permutation of its input (Theorem 1)."""
+
+    def __init__(self, in_dim, num_modules, module_dim):
+        super().__init__()
+        self.in_dim, self.num_modules, self.module_dim = in_dim, num_modules, module_dim
+        self.D = nn.Parameter(torch.empty(in_dim, num_modules))
+        self.E = nn.Parameter(torch.empty(in_dim, module_dim))
+        nn.init.normal_(self.D, std=0.5)  # trax
+        nn.init.xavier_uniform_(self.E)
+
+    def extra_repr(self):
+        return f"{self.in_dim} -> {self.num_modules} x {self.module_dim}"
+
+    def forward(self, x):
+        # Σ_i (x_i D[i, s]) E[i, m]: scale the input per module, then one (S, d) x (d, M) product
+        return torch.matmul(x.unsqueeze(-2) * self.D.t(), self.E)  # (…, S, M)
+
+
+class ModuleConv(nn.Module):
+    """Convolution over (length, modules) of a (T, B, S, M) tensor, M -> M channels (§3.2)."""
+
+    def __init__(self, module_dim, length_kernel=3, module_kernel=3, causal=True):
+        super().__init__()
+        if length_kernel < 1 or module_kernel < 1 or module_kernel % 2 == 0:
+            raise ValueError(f"--sparse-qkv-kernel {length_kernel} must be >= 1 and the module kernel "
+                             f"{module_kernel} odd (zero-padded on both sides)")
+        self.length_kernel, self.module_kernel, self.causal = length_kernel, module_kernel, causal
+        self.weight = nn.Parameter(torch.empty(module_dim, module_dim, length_kernel, module_kernel))
+        self.bias = nn.Parameter(torch.zeros(module_dim))
+        fan = module_dim * length_kernel * module_kernel
+        nn.init.uniform_(self.weight, -math.sqrt(3.0 / fan), math.sqrt(3.0 / fan))  # unit gain
+
+    def extra_repr(self):
+        return f"kernel={self.length_kernel}x{self.module_kernel}, causal={self.causal}"
+
+    def forward(self, x, prev: Optional[Tensor] = None):
+        """x: (T, B, S, M). prev: (F−1, B, S, M) inputs before x (causal decoding state) or None
+        (zeros: the sequence starts here). Returns (T, B, S, M)."""
+        f = self.length_kernel
+        if self.causal:
+            if f > 1:
+                left = prev if prev is not None else x.new_zeros(f - 1, *x.shape[1:])
+                x = torch.cat([left, x], dim=0)
+        elif f > 1:
+            x = F.pad(x, (0, 0, 0, 0, 0, 0, (f - 1) // 2, f // 2))
+        out = F.conv2d(x.permute(1, 3, 0, 2), self.weight, self.bias, padding=(0, self.module_kernel // 2))
+        return out.permute(2, 0, 3, 1)  # (B, M, T, S) -> (T, B, S, M)
+
+
+@with_incremental_state
+class SparseQKVAttention(nn.Module):
+    """Sparse QKV attention (§3.2), called like fairseq's MultiheadAttention (see module docstring)."""
+
+    def __init__(self, embed_dim, num_heads, num_modules, length_kernel=3, module_kernel=3, causal=True,
+                 encoder_decoder_attention=False, kdim=None, dropout=0.0):
+        super().__init__()
+        if embed_dim % num_modules:
+            raise ValueError(f"--sparse-qkv-modules {num_modules} must divide the embedding dim {embed_dim}")
+        if embed_dim % num_heads:
+            raise ValueError(f"embedding dim {embed_dim} must be divisible by the number of heads {num_heads}")
+        if encoder_decoder_attention and kdim not in (None, embed_dim):
+            raise ValueError(f"sparse QKV cross-attention shares its multiplicative layer between decoder "
+                             f"and encoder states: their dims must match ({embed_dim} vs {kdim})")
+        self.embed_dim, self.num_heads, self.head_dim = embed_dim, num_heads, embed_dim // num_heads
+        self.num_modules, self.module_dim = num_modules, embed_dim // num_modules
+        self.scaling = self.head_dim ** -0.5
+        self.encoder_decoder_attention, self.causal = encoder_decoder_attention, causal
+        self.mult = MultiplicativeDense(embed_dim, num_modules, self.module_dim)  # shared by Q, K, V
+        kv_causal = causal and not encoder_decoder_attention
+        self.conv_q = ModuleConv(self.module_dim, length_kernel, module_kernel, causal=causal)
+        self.conv_k = ModuleConv(self.module_dim, length_kernel, module_kernel, causal=kv_causal)
+        self.conv_v = ModuleConv(self.module_dim, length_kernel, 1, causal=kv_causal)
+        self.dropout_module = FairseqDropout(dropout, module_name=self.__class__.__name__)
+
+    def _heads(self, x):
+        """(L, B, S, M) -> (B, h, L, d/h)"""
+        return x.reshape(x.size(0), x.size(1), self.num_heads, self.head_dim).permute(1, 2, 0, 3)
+
+    @staticmethod
+    def _zero_padding(m, padding_mask):
+        if padding_mask is None or not padding_mask.any():
+            return m
+        return m.masked_fill(padding_mask.t().reshape(m.size(0), m.size(1), 1, 1), 0.0)
+
+    @staticmethod
+    def _advance(state, name, m, f):
+        """Keep the last F−1 multiplicative outputs (the causal conv state) after this step's m."""
+        if state is None or f == 1:
+            return
+        prev = state.get(name)
+        hist = torch.cat([prev if prev is not None else m.new_zeros(f - 1, *m.shape[1:]), m], dim=0)
+        state[name] = hist[-(f - 1):]
+
+    def forward(self, query, key: Optional[Tensor], value: Optional[Tensor], key_padding_mask: Optional[Tensor] = None,
+                incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]] = None,
+                need_weights: bool = True, static_kv: bool = False, attn_mask: Optional[Tensor] = None,
+                before_softmax: bool = False, need_head_weights: bool = False):
+        """query: (T, B, C); key/value: (S, B, C) (the query itself for self-attention); key_padding_mask:
+        (B, S) True at padding; attn_mask: (T, S) additive. Returns ((T, B, C), weights or None)."""
+        if before_softmax:
+            raise NotImplementedError("SparseQKVAttention does not return pre-softmax scores")
+        t, b, _ = query.shape
+        state = None
+        if incremental_state is not None:
+            state = self.get_incremental_state(incremental_state, "state")
+            state = state if state is not None else {}
+        if self.encoder_decoder_attention:
+            m_q = self.mult(query)
+            q = self.conv_q(m_q, state.get("conv_q") if state is not None else None)
+            self._advance(state, "conv_q", m_q, self.conv_q.length_kernel)
+            if state is not None and "enc_k" in state:
+                k, v, pad = state["enc_k"], state["enc_v"], state.get("enc_pad")
+            else:
+                m_kv = self._zero_padding(self.mult(key), key_padding_mask)
+                k, v, pad = self._heads(self.conv_k(m_kv)), self._heads(self.conv_v(m_kv)), key_padding_mask
+                if state is not None:
+                    state.update(enc_k=k, enc_v=v)
+                    if pad is not None:
+                        state["enc_pad"] = pad
+        else:
+            m = self._zero_padding(self.mult(query), key_padding_mask)
+            prev = state.get("conv") if (state is not None and self.causal) else None
+            q, k, v = self.conv_q(m, prev), self.conv_k(m, prev), self.conv_v(m, prev)
+            if self.causal:
+                self._advance(state, "conv", m, self.conv_q.length_kernel)
+            k, v, pad = self._heads(k), self._heads(v), key_padding_mask
+            if state is not None:
+                if "k" in state:  # append this step's key/value to the cache
+                    k, v = torch.cat([state["k"], k], dim=2), torch.cat([state["v"], v], dim=2)
+                    prev_pad = state.get("pad")
+                    if prev_pad is not None or pad is not None:
+                        prev_pad = prev_pad if prev_pad is not None else query.new_zeros(b, k.size(2) - t, dtype=torch.bool)
+                        pad = torch.cat([prev_pad, pad if pad is not None else query.new_zeros(b, t, dtype=torch.bool)], 1)
+                state.update(k=k, v=v)
+                if pad is not None:
+                    state["pad"] = pad
+        if state is not None:
+            self.set_incremental_state(incremental_state, "state", state)
+        q = self._heads(q) * self.scaling  # (B, h, T, dh)
+        scores = torch.matmul(q, k.transpose(2, 3))  # (B, h, T, S)
+        if attn_mask is not None:
+            scores = scores + attn_mask[-t:, -k.size(2):].unsqueeze(0).unsqueeze(0).to(scores.dtype)
+        if pad is not None and pad.any():
+            scores = scores.masked_fill(pad.view(b, 1, 1, -1).to(torch.bool), float("-inf"))
+        probs = utils.softmax(scores, dim=-1).type_as(scores)
+        ctx = torch.matmul(self.dropout_module(probs), v)  # (B, h, T, dh)
+        out = ctx.permute(2, 0, 1, 3).reshape(t, b, self.embed_dim)  # no output dense layer (§3.2)
+        weights = None
+        if need_weights or need_head_weights:
+            weights = probs.transpose(0, 1) if need_head_weights else probs.mean(dim=1)
+        return out, weights
+
+    def _get_input_buffer(self, incremental_state):
+        """fairseq's decoder layer reads this for its cross_self_attention option (unsupported here)."""
+        state = self.get_incremental_state(incremental_state, "state") if incremental_state is not None else None
+        return state if state is not None else {}
+
+    def _set_input_buffer(self, incremental_state, buffer):
+        return self.set_incremental_state(incremental_state, "state", buffer)
+
+    @torch.jit.export
+    def reorder_incremental_state(self, incremental_state: Dict[str, Dict[str, Optional[Tensor]]], new_order: Tensor):
+        state = self.get_incremental_state(incremental_state, "state")
+        if state is not None:
+            for name, value in state.items():
+                if name.startswith("enc_"):  # encoder side: as fairseq, re-indexed only when the batch shrinks
+                    if value.size(0) != new_order.size(0):
+                        state[name] = value.index_select(0, new_order)
+                elif name.startswith("conv"):  # (F−1, B, S, M)
+                    state[name] = value.index_select(1, new_order)
+                else:  # k, v (B, h, L, dh), pad (B, L)
+                    state[name] = value.index_select(0, new_order)
+            self.set_incremental_state(incremental_state, "state", state)
+        return incremental_state
+
+
+class SparseOutputProjection(nn.Module):
+    """The final dense layer before the softmax as a multiplicative layer (§3.3): logits of a vocabulary
+    of V = S·M entries, entry s·M + m = y[s, m]."""
+
+    def __init__(self, embed_dim, vocab_size, sparsity, flag="--sparse-loss"):
+        super().__init__()
+        if sparsity < 1 or vocab_size % sparsity:
+            divisors = [s for s in range(2, 17) if vocab_size % s == 0]
+            raise ValueError(f"{flag} {sparsity}: the output vocabulary ({vocab_size} entries) must be divisible "
+                             f"by the loss sparsity; use one of {divisors or 'none <= 16'} (fairseq pads "
+                             f"dictionaries to a multiple of 8 with --padding-factor, default 8)")
+        self.sparsity = sparsity
+        self.mult = MultiplicativeDense(embed_dim, sparsity, vocab_size // sparsity)
+        self.out_features = vocab_size
+
+    def forward(self, x):
+        return self.mult(x).flatten(-2)  # (…, V)
