@@ -4,7 +4,7 @@
         [--tokens 4096] [--len 32] [--vocab 32000] [--threads N] [--repeats 5] [--quick]
 
 Each step trains on the same random batch of a fixed token count (--tokens target tokens, sentences of
---len tokens on both sides) with fairseq's label-smoothed cross-entropy and Adam, in train mode
+--len tokens on both sides; for a language-model arch, blocks of --len tokens) with fairseq's label-smoothed cross-entropy and Adam, in train mode
 (dropout as the arch sets it). Models run interleaved (A B A B ..., warm-up first); reported: median
 target tokens/s, ratio candidate/baseline per round (median, min-max), peak RSS increase during a
 step, parameters. Writes docs/benchmarks/<name>.json and .md.
@@ -19,7 +19,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
 
 
-def make_batch(tokens, length, vocab, eos, pad, seed):
+def make_batch(tokens, length, vocab, eos, pad, seed, lm=False):
+    """A translation batch (sources and targets of `length` tokens), or for a language model (lm=True)
+    blocks of `length` tokens predicting the next token (--task language_modeling's batches)."""
     g = torch.Generator().manual_seed(seed)
     bsz = max(1, tokens // length)
     src = torch.randint(4, vocab, (bsz, length), generator=g)
@@ -27,9 +29,19 @@ def make_batch(tokens, length, vocab, eos, pad, seed):
     tgt = torch.randint(4, vocab, (bsz, length), generator=g)
     tgt[:, -1] = eos
     prev = torch.cat([torch.full((bsz, 1), eos), tgt[:, :-1]], dim=1)
-    return {"net_input": {"src_tokens": src, "src_lengths": torch.full((bsz,), length, dtype=torch.long),
-                          "prev_output_tokens": prev},
-            "target": tgt, "ntokens": bsz * length, "nsentences": bsz}
+    lengths = torch.full((bsz,), length, dtype=torch.long)
+    net_input = {"src_tokens": prev, "src_lengths": lengths} if lm else \
+        {"src_tokens": src, "src_lengths": lengths, "prev_output_tokens": prev}
+    return {"net_input": net_input, "target": tgt, "ntokens": bsz * length, "nsentences": bsz}
+
+
+def is_language_model(arch):
+    from fairseq_ext.tools.params import is_language_model as is_lm
+
+    try:
+        return is_lm(arch)
+    except KeyError:  # a checkpoint name, not an arch
+        return False
 
 
 def train_step_fn(model, task, sample, lr=1e-4, label_smoothing=0.1):
@@ -62,7 +74,7 @@ def run(models, baseline, tokens, length, repeats, warmup, threads, seed=1):
     for name in names:
         model, task = models[name]
         d = task.target_dictionary
-        sample = make_batch(tokens, length, len(d), d.eos(), d.pad(), seed)
+        sample = make_batch(tokens, length, len(d), d.eos(), d.pad(), seed, lm=is_language_model(name))
         step = train_step_fn(model, task, sample)
 
         def fn(step=step, name=name):

@@ -6,5 +6,6 @@ Importing twice (user-dir and import) is harmless: registration is idempotent.
 """
 from . import compat  # noqa: F401  (must come first: checkpoint loading, registry guard)
 from . import models  # noqa: F401  (registers every architecture)
+from . import optim  # noqa: F401  (registers the optimizers: adam_no_decay_gains)
 
 __version__ = "0.1.0"

@@ -11,6 +11,9 @@
    batch when its size is not a multiple of --required-batch-size-multiple (default 8). fairseq-generate
    then silently skips up to 7 test sentences (BLEU on 1,996 of 2,000 lines) and every epoch loses a
    few training pairs. We restore 0.12.2's behaviour (keep every batch) when that drop is detected.
+4. numpy >= 2 removed `numpy.compat`, which fairseq's TokenBlockDataset (--task language_modeling) and
+   LanguagePairDataset's vectorised sizes still use (`np.compat.long`, numpy 1.x's alias of int).
+   `numpy_compat_long` restores that one alias when it is missing.
 3. Idempotent registration: `register_model` / `register_model_architecture` that tolerate this
    package being imported twice (once through --user-dir, once as `import fairseq_ext`).
 """
@@ -147,5 +150,18 @@ def keep_last_batch():
     data_utils.batch_by_size = batch_by_size
 
 
+def numpy_compat_long():
+    """Give numpy >= 2 the `numpy.compat.long` alias fairseq 0.12 still reads (item 4 above)."""
+    import types
+
+    import numpy as np
+
+    try:
+        np.compat.long  # noqa: B018  (numpy 1.x: present)
+    except AttributeError:
+        np.compat = types.SimpleNamespace(long=int)
+
+
 install_checkpoint_safe_globals()
 keep_last_batch()
+numpy_compat_long()

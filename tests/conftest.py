@@ -43,15 +43,25 @@ def _cut(src, dst, name, n):
 @pytest.fixture(scope="session")
 def tiny_data(tmp_path_factory):
     """Binarized data dir (joined dictionary, SentencePiece 1000) from the first lines of the sample:
-    2,000 training pairs, 100 valid, 100 test. Returns the dir with bin/, spm.model, tok/."""
+    2,000 training pairs, 100 valid, 100 test. Returns the dir with bin/, spm.model, tok/, and lm-bin/
+    (the German side binarized for --task language_modeling)."""
     root = tmp_path_factory.mktemp("tiny_data")
     corpus = root / "corpus"
     corpus.mkdir()
     for split, n in (("train", 2000), ("valid", 100), ("test", 100)):
         for lang in ("en", "de"):
             _cut(SAMPLE, corpus, f"{split}.{lang}.gz", n)
-    run(["bash", os.path.join(REPO, "examples/data/binarize.sh"), str(corpus), str(root / "data"), "--vocab", "1000"])
-    return root / "data"
+    data = root / "data"
+    run(["bash", os.path.join(REPO, "examples/data/binarize.sh"), str(corpus), str(data), "--vocab", "1000"])
+    # the German side as a language-modelling set (lm-bin/, same dictionary) for the LM archs
+    lm_tok = data / "lm-tok"
+    lm_tok.mkdir()
+    for split in ("train", "valid", "test"):
+        (lm_tok / split).write_bytes((data / "tok" / f"{split}.de").read_bytes())
+    run(["fairseq-preprocess", "--only-source", "--trainpref", str(lm_tok / "train"), "--validpref",
+         str(lm_tok / "valid"), "--testpref", str(lm_tok / "test"), "--srcdict", str(data / "bin" / "dict.de.txt"),
+         "--destdir", str(data / "lm-bin"), "--workers", "2"])
+    return data
 
 
 @pytest.fixture(scope="session")

@@ -13,17 +13,28 @@ def matrix_archs():
     return ["transformer_tiny"] + [a for a in package_archs() if a.endswith("_tiny")]
 
 
+def is_lm(arch):
+    from fairseq_ext.tools.params import is_language_model
+
+    return is_language_model(arch)
+
+
 def parse_args(data_dir, arch, extra=(), save_dir=None):
-    """fairseq-train's own parser over a CLI-style argument list (what a user types)."""
+    """fairseq-train's own parser over a CLI-style argument list (what a user types): translation
+    EN-DE, or language modelling on the German side (one sentence per sample) for an LM arch."""
     from fairseq import options
 
-    argv = [
-        str(data_dir / "bin"), "--user-dir", USER_DIR, "--task", "translation",
-        "--source-lang", "en", "--target-lang", "de", "--arch", arch, "--cpu",
+    if is_lm(arch):
+        task = [str(data_dir / "lm-bin"), "--task", "language_modeling", "--tokens-per-sample", "64",
+                "--sample-break-mode", "eos"]
+    else:
+        task = [str(data_dir / "bin"), "--task", "translation", "--source-lang", "en", "--target-lang", "de",
+                "--share-all-embeddings"]
+    argv = task + [
+        "--user-dir", USER_DIR, "--arch", arch, "--cpu",
         "--optimizer", "adam", "--lr", "0.003", "--lr-scheduler", "fixed",
         "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
         "--max-tokens", "2000", "--dropout", "0.0", "--seed", "7", "--no-progress-bar",
-        "--share-all-embeddings",
     ]
     if save_dir is not None:
         argv += ["--save-dir", str(save_dir)]
@@ -45,7 +56,8 @@ def build(data_dir, arch, extra=(), save_dir=None):
 
 
 def fixed_batch(task, n=6, split="valid"):
-    """A padded batch of real sentence pairs, collated by fairseq (left-padded sources)."""
+    """A padded batch of real sentence pairs, collated by fairseq (left-padded sources), or of real
+    sentences for a language-modelling task (right-padded)."""
     task.load_dataset(split)
     ds = task.dataset(split)
     return ds.collater([ds[i] for i in range(n)])

@@ -8,7 +8,7 @@ import importlib
 import pytest
 import torch
 
-from matrix import build, eval_loss, fixed_batch, matrix_archs, parse_args
+from matrix import build, eval_loss, fixed_batch, is_lm, matrix_archs, parse_args
 
 ARCHS = matrix_archs()
 
@@ -48,14 +48,17 @@ def test_incremental_decoding_equals_full_forward(arch, tiny_data):
     model.eval()
     g = torch.Generator().manual_seed(0)
     bsz, beam, steps, reorder_at = 3, 4, 9, 4
-    sample = fixed_batch(task, n=bsz)  # real sentences of different lengths: left-padded sources
-    src_tokens, src_lengths = sample["net_input"]["src_tokens"], sample["net_input"]["src_lengths"]
-    assert (src_tokens == task.source_dictionary.pad()).any(), "the batch must contain padding"
-    vocab = len(task.target_dictionary)
+    lm = is_lm(arch)  # a decoder-only language model: no encoder, same decoder interface
+    enc = None
     with torch.no_grad():
-        enc = model.encoder(src_tokens, src_lengths=src_lengths)
         expand = torch.arange(bsz).repeat_interleave(beam)  # as SequenceGenerator expands to beams
-        enc = model.encoder.reorder_encoder_out(enc, expand)
+        if not lm:
+            sample = fixed_batch(task, n=bsz)  # real sentences of different lengths: left-padded sources
+            src_tokens, src_lengths = sample["net_input"]["src_tokens"], sample["net_input"]["src_lengths"]
+            assert (src_tokens == task.source_dictionary.pad()).any(), "the batch must contain padding"
+            enc = model.encoder(src_tokens, src_lengths=src_lengths)
+            enc = model.encoder.reorder_encoder_out(enc, expand)
+        vocab = len(task.target_dictionary)
         tokens = torch.randint(4, vocab, (bsz * beam, steps), generator=g)
         tokens[:, 0] = task.target_dictionary.eos()
 
@@ -65,7 +68,8 @@ def test_incremental_decoding_equals_full_forward(arch, tiny_data):
         for t in range(steps):
             if t == reorder_at:  # what beam search does between steps
                 model.decoder.reorder_incremental_state_scripting(state, order)
-                enc = model.encoder.reorder_encoder_out(enc, order)
+                if not lm:
+                    enc = model.encoder.reorder_encoder_out(enc, order)
                 tokens = torch.cat([tokens[order, :t], tokens[:, t:]], dim=1)
                 full = model.decoder(tokens, encoder_out=enc)[0]
             step = model.decoder(tokens[:, : t + 1], encoder_out=enc, incremental_state=state)[0]

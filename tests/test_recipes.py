@@ -40,3 +40,29 @@ def test_scaling_sparse_compare_recipe(tiny_data, tmp_path):
     for row in ("| dense |", "| sparse_ff_qkv |", "| copy source (trivial) |"):
         assert row in table, table
     assert "100 test sentences" in table
+
+
+def test_sas_translation_recipe(tiny_data, tmp_path):
+    """sas_block (adam_no_decay_gains) vs the baseline through fairseq-train / fairseq-generate."""
+    out = tmp_path / "sas"
+    run(["bash", os.path.join(REPO, "examples/sas/compare.sh"), str(tiny_data.parent / "corpus"),
+         str(out), "6", "tiny"], VOCAB="1000", EVAL_FLAGS="--max-len-a 1 --max-len-b 5")
+    table = (out / "results.md").read_text()
+    for row in ("| dense |", "| sas_block |"):
+        assert row in table, table
+
+
+def test_sas_code_lm_recipe(tmp_path):
+    """The code-LM pipeline end to end on the first 60 files of the corpus (rebuilt from this machine's
+    standard library when ../shared/data is absent): split, SentencePiece, binarize, the four blocks,
+    curves."""
+    data = tmp_path / "code"
+    run(["bash", os.path.join(REPO, "examples/sas/prepare-code.sh"), str(data), "--max-files", "60",
+         "--vocab", "500"])
+    out = tmp_path / "cmp"
+    run(["bash", os.path.join(REPO, "examples/sas/compare_lm.sh"), str(data / "bin"), str(out), "4", "tiny"],
+        VALID_EVERY="2", LOG_INTERVAL="1")
+    table = (out / "curves.md").read_text()
+    for block in ("preln", "sas", "sas_p", "sas_p_nonorm"):
+        assert f"| {block} |" in table, table
+    assert (out / "curves.png").stat().st_size > 10000

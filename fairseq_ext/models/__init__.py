@@ -11,6 +11,7 @@ FAMILIES = [
     "one_wide_ffn_prefix_lm",  # One Wide FFN's decoder-only (prefix-LM) translation model
     "can",  # Compressed Attention Network decoder (+ any One Wide FFN encoder)
     "scaling_sparse",  # Scaling Transformers: sparse FFN, sparse QKV, sparse loss (+ One Wide FFN placement)
+    "sas",  # Simplified Transformer blocks: sas_block (translation), SAS / SAS-P language models
 ]
 
 for _name in FAMILIES:

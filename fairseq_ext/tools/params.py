@@ -6,7 +6,7 @@
 
 Models are built on the meta device (shapes only: no memory, any size) from the same flags fairseq-train
 takes (after `--`), with a joint vocabulary of --vocab entries (fairseq's 4 special symbols included)
-and shared source/target embeddings and output projection. Tied parameters are counted once. The
+and shared source/target embeddings and output projection (LM archs: --task language_modeling). Tied parameters are counted once. The
 baseline defaults to the arch's paper baseline where the family declares one (BASELINES).
 """
 import argparse
@@ -27,14 +27,24 @@ class VocabTask:
         self.source_dictionary = self.target_dictionary = d
 
 
+def is_language_model(arch):
+    """True for a decoder-only LM arch (trained with --task language_modeling)."""
+    import fairseq_ext  # noqa: F401  (registers the package's archs)
+    from fairseq.models import ARCH_MODEL_REGISTRY, FairseqLanguageModel
+
+    return issubclass(ARCH_MODEL_REGISTRY[arch], FairseqLanguageModel)
+
+
 def parse_arch_args(arch, argv=()):
-    """The args fairseq-train builds for `--arch arch` plus `argv`, without a data folder."""
+    """The args fairseq-train builds for `--arch arch` plus `argv`, without a data folder
+    (translation with shared embeddings, or language_modeling for an LM arch)."""
     import fairseq_ext  # noqa: F401  (registers the package's archs)
     from fairseq import options
 
     parser = options.get_training_parser()
-    return options.parse_args_and_arch(
-        parser, ["/nonexistent", "--task", "translation", "--arch", arch, "--share-all-embeddings", *argv])
+    task = ["--task", "language_modeling"] if is_language_model(arch) else \
+        ["--task", "translation", "--share-all-embeddings"]
+    return options.parse_args_and_arch(parser, ["/nonexistent", *task, "--arch", arch, *argv])
 
 
 def build_model(arch, vocab, argv=(), device="meta", task=None):

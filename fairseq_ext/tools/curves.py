@@ -1,0 +1,106 @@
+"""Validation-loss curves of several fairseq-train runs, per update and per second of training.
+
+    python -m fairseq_ext.tools.curves NAME=train.log ... --out OUT_PREFIX [--title TEXT]
+
+Reads fairseq's simple log format: each "valid on 'valid' subset" line gives (num_updates, loss), the
+training seconds at that point are the summed `train_wall` of the train_inner lines up to those updates
+(validation time excluded), tokens/s is the median `wps` of the train_inner lines, parameters come from
+"num. shared model params". Writes OUT_PREFIX.png (two panels), OUT_PREFIX.json and OUT_PREFIX.md
+(one row per run: parameters, final valid loss, training tokens/s and its ratio to the first run).
+Loss is fairseq's: base 2 (bits per token).
+"""
+import argparse
+import json
+import re
+import statistics
+
+
+def parse_log(path):
+    valid, train, params = [], [], None
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            if "num. shared model params" in line and params is None:
+                m = re.search(r"num\. shared model params: ([\d,]+)", line)
+                params = int(m.group(1).replace(",", "")) if m else None
+            elif "train_inner" in line:
+                fields = dict(re.findall(r"(\w+)=([0-9.e+-]+)", line))
+                if "num_updates" in fields:
+                    train.append({k: float(v) for k, v in fields.items()})
+            elif "valid on 'valid' subset" in line:
+                fields = dict(re.findall(r"\b(loss|ppl|num_updates) ([0-9.e+-]+)", line))
+                if "num_updates" in fields:
+                    valid.append({k: float(v) for k, v in fields.items()})
+    points = []
+    for v in valid:
+        seconds = sum(t.get("train_wall", 0.0) for t in train if t["num_updates"] <= v["num_updates"])
+        points.append({"updates": int(v["num_updates"]), "seconds": seconds, "loss": v["loss"]})
+    wps = [t["wps"] for t in train if "wps" in t]
+    return {"params": params, "points": points, "tokens_per_s": statistics.median(wps) if wps else None}
+
+
+def table(runs):
+    rows = ["| model | parameters | final valid loss (bits) | at updates | training tokens/s | speed vs first |",
+            "|---|---|---|---|---|---|"]
+    first = None
+    for name, r in runs.items():
+        last = r["points"][-1] if r["points"] else None
+        tps = r["tokens_per_s"]
+        first = first if first is not None else tps
+        rows.append(f"| {name} | {r['params'] / 1e6:.2f}M | {last['loss']:.3f} | {last['updates']} | "
+                    f"{tps:.0f} | {tps / first:.2f} |" if last and tps and r["params"] else f"| {name} | - | - | - | - | - |")
+    return "\n".join(rows)
+
+
+def plot(runs, path, title=None):
+    import logging
+
+    logging.getLogger("matplotlib").setLevel(logging.WARNING)  # fairseq sets the root logger to DEBUG
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for name, r in runs.items():
+        pts = r["points"]
+        axes[0].plot([p["updates"] for p in pts], [p["loss"] for p in pts], marker=".", label=name)
+        axes[1].plot([p["seconds"] for p in pts], [p["loss"] for p in pts], marker=".", label=name)
+    axes[0].set_xlabel("updates")
+    axes[1].set_xlabel("training seconds")
+    for ax in axes:
+        ax.set_ylabel("valid loss (bits / token)")
+        ax.grid(alpha=0.3)
+        ax.legend()
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("runs", nargs="+", metavar="NAME=LOG")
+    p.add_argument("--out", required=True, help="output prefix (.png, .json, .md)")
+    p.add_argument("--title")
+    a = p.parse_args(argv)
+    runs = {}
+    for spec in a.runs:
+        if "=" not in spec:
+            p.error(f"{spec}: expected NAME=path/to/train.log")
+        name, path = spec.split("=", 1)
+        runs[name] = parse_log(path)
+        if not runs[name]["points"]:
+            p.error(f"{path}: no validation lines (train longer than --validate-interval-updates)")
+    md = (a.title + "\n\n" if a.title else "") + table(runs)
+    with open(a.out + ".md", "w") as f:
+        f.write(md + "\n")
+    with open(a.out + ".json", "w") as f:
+        json.dump(runs, f, indent=1)
+    plot(runs, a.out + ".png", a.title)
+    print(md)
+    return runs
+
+
+if __name__ == "__main__":
+    main()
