@@ -58,6 +58,15 @@ def test_train_speed_quick(tmp_path):
     _check_ratios(r["ratios"][TINY[1]], r["models"][TINY[0]]["seconds"], r["models"][TINY[1]]["seconds"])
 
 
+def test_train_speed_language_models(tmp_path):
+    """LM archs train on next-token blocks (the simplified-blocks comparison)."""
+    lms = ["preln_lm_tiny", "sas_p_lm_tiny"]
+    train_speed.main(["--baseline", lms[0], "--candidates", lms[1], "--quick", "--vocab", "500",
+                      "--out-dir", str(tmp_path), "--name", "lm"])
+    r = json.loads((tmp_path / "lm.json").read_text())
+    assert set(r["models"]) == set(lms) and r["models"][lms[1]]["params"] < r["models"][lms[0]]["params"]
+
+
 def test_presets_skip_unregistered_candidates(tmp_path, capsys):
     run_presets.main(["--quick", "--only", "decode_one_wide_ffn_base", "--out-dir", str(tmp_path)])
     r = json.loads((tmp_path / "decode_one_wide_ffn_base.json").read_text())
