@@ -12,13 +12,11 @@
 set -euo pipefail
 size=$1; data=$2; save=$3; shift 3
 here=$(cd "$(dirname "$0")" && pwd)
-SMALL_DIMS=(--encoder-layers 4 --decoder-layers 2 --encoder-embed-dim 256 --decoder-embed-dim 256
-            --encoder-ffn-embed-dim 1024 --decoder-ffn-embed-dim 1024
-            --encoder-attention-heads 4 --decoder-attention-heads 4
-            --encoder-normalize-before --decoder-normalize-before --share-all-embeddings)
+# shellcheck source=../small_dims.sh
+source "$here/../small_dims.sh"
 case "$size" in
   tiny)          arch=(--arch transformer_tiny --share-all-embeddings --lr 2e-3 --warmup-updates 200) ;;
-  small)         arch=(--arch transformer "${SMALL_DIMS[@]}") ;;
+  small)         arch=(--arch transformer "${SMALL_DIMS[@]}" "${SMALL_FFN[@]}") ;;
   base)          arch=(--arch transformer --share-all-embeddings --lr 7e-4 --warmup-updates 4000) ;;
   balanced)      arch=(--arch transformer_balanced --warmup-updates 4000) ;;
   balanced_tiny) arch=(--arch transformer_balanced_tiny --lr 2e-3 --warmup-updates 200) ;;

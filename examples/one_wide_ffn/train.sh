@@ -11,14 +11,12 @@
 set -euo pipefail
 size=$1; data=$2; save=$3; shift 3
 here=$(cd "$(dirname "$0")" && pwd)
-SMALL_DIMS=(--arch one_wide_ffn --encoder-layers 4 --decoder-layers 2 --encoder-embed-dim 256 --decoder-embed-dim 256
-            --encoder-ffn-embed-dim 1024 --decoder-ffn-embed-dim 1024
-            --encoder-attention-heads 4 --decoder-attention-heads 4
-            --encoder-normalize-before --decoder-normalize-before --share-all-embeddings
-            --encoder-ffn-sharing shared --decoder-ffn-sharing none)
+# shellcheck source=../small_dims.sh
+source "$here/../small_dims.sh"
+OWF=(--arch one_wide_ffn "${SMALL_DIMS[@]}" "${SMALL_FFN[@]}" --encoder-ffn-sharing shared --decoder-ffn-sharing none)
 case "$size" in
-  small)         arch=("${SMALL_DIMS[@]}" --encoder-shared-ffn-dim 6144) ;;
-  small_shared)  arch=("${SMALL_DIMS[@]}" --encoder-shared-ffn-dim 1024) ;;
+  small)         arch=("${OWF[@]}" --encoder-shared-ffn-dim 6144) ;;
+  small_shared)  arch=("${OWF[@]}" --encoder-shared-ffn-dim 1024) ;;
   tiny)          arch=(--arch one_wide_ffn_tiny --encoder-shared-ffn-dim 256 --encoder-attention-heads 2
                        --decoder-attention-heads 2 --lr 2e-3 --warmup-updates 200) ;;
   base)          arch=(--arch one_wide_ffn_base --lr 7e-4 --warmup-updates 4000) ;;

@@ -11,13 +11,13 @@
 set -euo pipefail
 size=$1; data=$2; save=$3; shift 3
 here=$(cd "$(dirname "$0")" && pwd)
-SMALL_DIMS=(--arch sas_block --encoder-layers 4 --decoder-layers 2 --encoder-embed-dim 256 --decoder-embed-dim 256
-            --encoder-ffn-embed-dim 1024 --decoder-ffn-embed-dim 1024
-            --encoder-attention-heads 4 --decoder-attention-heads 4 --share-all-embeddings)
+# shellcheck source=../small_dims.sh
+source "$here/../small_dims.sh"
+SAS=(--arch sas_block "${SMALL_DIMS[@]}" "${SMALL_FFN[@]}")
 OPT=(--optimizer adam_no_decay_gains --weight-decay 0.01)
 case "$size" in
-  small)        arch=("${SMALL_DIMS[@]}") ;;
-  small_nonorm) arch=("${SMALL_DIMS[@]}" --sas-no-norm) ;;
+  small)        arch=("${SAS[@]}") ;;
+  small_nonorm) arch=("${SAS[@]}" --sas-no-norm) ;;
   tiny)         arch=(--arch sas_block_tiny --lr 2e-3 --warmup-updates 200) ;;
   base)         arch=(--arch sas_block --lr 7e-4 --warmup-updates 4000) ;;
   *) echo "unknown SIZE '$size' (small|small_nonorm|tiny|base)" >&2; exit 2 ;;

@@ -14,14 +14,12 @@
 set -euo pipefail
 size=$1; data=$2; save=$3; shift 3
 here=$(cd "$(dirname "$0")" && pwd)
-SMALL_DIMS=(--encoder-layers 4 --decoder-layers 2 --encoder-embed-dim 256 --decoder-embed-dim 256
-            --encoder-attention-heads 4 --decoder-attention-heads 4
-            --encoder-normalize-before --decoder-normalize-before --share-all-embeddings)
-FF1024=(--encoder-ffn-embed-dim 1024 --decoder-ffn-embed-dim 1024)
+# shellcheck source=../small_dims.sh
+source "$here/../small_dims.sh"
 QKV=(--sparse-qkv-modules 4 --encoder-ffn-embed-dim 1344 --decoder-ffn-embed-dim 1344)
 case "$size" in
-  small_ff)          arch=(--arch scaling_sparse_ff "${SMALL_DIMS[@]}" "${FF1024[@]}" --sparse-ffn-block-size 64) ;;
-  small_ff128)       arch=(--arch scaling_sparse_ff "${SMALL_DIMS[@]}" "${FF1024[@]}" --sparse-ffn-block-size 128) ;;
+  small_ff)          arch=(--arch scaling_sparse_ff "${SMALL_DIMS[@]}" "${SMALL_FFN[@]}" --sparse-ffn-block-size 64) ;;
+  small_ff128)       arch=(--arch scaling_sparse_ff "${SMALL_DIMS[@]}" "${SMALL_FFN[@]}" --sparse-ffn-block-size 128) ;;
   small_ff_qkv)      arch=(--arch scaling_sparse "${SMALL_DIMS[@]}" "${QKV[@]}") ;;
   small_ff_qkv_loss) arch=(--arch scaling_sparse "${SMALL_DIMS[@]}" "${QKV[@]}" --sparse-loss 8) ;;
   tiny)              arch=(--arch scaling_sparse_tiny --lr 2e-3 --warmup-updates 200) ;;
