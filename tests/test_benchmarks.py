@@ -82,3 +82,12 @@ def test_decode_speed_loads_checkpoints(trained, tmp_path):
     r = json.loads((tmp_path / "c.json").read_text())
     assert set(r["models"]) == {"transformer_tiny", "trained"}
     assert r["ratios"]["1"]["trained"]["median"] > 0
+
+
+def test_sparse_ffn_speed_quick(tmp_path):
+    import sparse_ffn_speed
+
+    sparse_ffn_speed.main(["--quick", "--out-dir", str(tmp_path), "--name", "s"])
+    r = json.loads((tmp_path / "s.json").read_text())
+    assert [(row["block_size"], row["tokens"]) for row in r["rows"]] == [(16, 1), (16, 5)]
+    assert set(r["rows"][0]["speed_vs_dense"]) == {"gather (PyTorch)", "kernel"}

@@ -12,7 +12,9 @@ Eval: choice = argmax(logits) (no noise), mask = one-hot. Two eval paths give th
   dense  - all of x·W1 computed, then masked (cheaper when many tokens share the weights);
   gather - only the chosen row of W1 and of W2 per block is read, d_ff/N of each (decoding: few tokens).
 `mode` "auto" takes gather when the step has at most N/4 tokens: it reads tokens·d_ff/N rows of each
-matrix instead of d_ff, but copies them (read, write, read: ~3x the bytes) in pure PyTorch.
+matrix instead of d_ff, but copies them (read, write, read: ~3x the bytes) in pure PyTorch. With the
+compiled extension (fairseq_ext/ops/sparse_ffn.py) an eval forward without autograd on up to N tokens
+runs the fused kernel instead, which reads the chosen rows in place.
 
 For use inside fairseq's Transformer layers (which call fc2(dropout(activation(fc1(x))))) the layer is
 split in `fc1` (controller, W1, ReLU, mask) and `fc2` (W2, b2); `install_sparse_ffn` puts them in a layer
@@ -23,6 +25,8 @@ In the gather path fc1 hands the chosen unit indices to its fc2 (same layer call
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from ..ops.sparse_ffn import kernel_applies
 
 MODES = ("auto", "dense", "gather")
 
@@ -61,7 +65,7 @@ class SparseFFNInput(nn.Module):
         for w in (self.weight, self.controller1, self.controller2):
             nn.init.xavier_uniform_(w)  # Glorot uniform (trax)
         nn.init.normal_(self.controller_bias, std=1e-6)
-        self._pending = None  # chosen unit indices (n, d_ff/N) for fc2, set by the gather path
+        self._pending = None  # for fc2: ("rows", chosen unit ids (n, d_ff/N)) or ("y", the kernel's output)
 
     def extra_repr(self):
         return (f"{self.in_features} -> {self.out_features}, block_size={self.block_size}, "
@@ -75,17 +79,25 @@ class SparseFFNInput(nn.Module):
         """Eval-mode choice per block: (n, d_ff/N) index in [0, N)."""
         return self.controller_logits(x).argmax(-1)
 
-    def use_gather(self, num_tokens):
+    def use_gather(self, num_tokens, kernel=False):
         if self.mode not in MODES:
             raise ValueError(f"SparseFFNInput.mode {self.mode!r}: choose one of {MODES}")
-        # gathering copies the chosen rows (read, write, read again): worth it below ~N/4 tokens
-        return self.mode == "gather" or (self.mode == "auto" and 4 * num_tokens <= self.block_size)
+        # the compiled op reads the chosen rows in place: worth it below N tokens (fewer rows than
+        # d_ff); the PyTorch gather copies them (read, write, read again): below ~N/4 tokens
+        limit = num_tokens if kernel else 4 * num_tokens
+        return self.mode == "gather" or (self.mode == "auto" and limit <= self.block_size)
 
     def forward(self, x):
         shape = x.shape[:-1]
         x2 = x.reshape(-1, x.size(-1))  # (n, d)
         n = x2.size(0)
         self._pending = None
+        if not self.training and kernel_applies(x2) and self.use_gather(n, kernel=True):
+            out = self._output  # csrc kernel: controller, choice and both layers in one call
+            self._pending = ("y", torch.ops.fairseq_ext.sparse_ffn_decode(
+                x2, self.controller1, self.controller2, self.controller_bias, self.weight, out.weight, out.bias,
+                self.block_size))
+            return x2.new_zeros(*shape, self.num_blocks)  # stands for h; fc2 returns the kernel's output
         logits = self.controller_logits(x2)  # (n, blocks, N)
         if self.training:
             log_p = F.log_softmax(logits.float(), dim=-1)
@@ -103,7 +115,7 @@ class SparseFFNInput(nn.Module):
             idx = choice + torch.arange(self.num_blocks, device=x.device) * self.block_size  # unit ids
             w1 = self.weight.index_select(0, idx.view(-1)).view(n, self.num_blocks, -1)  # (n, blocks, d)
             h = F.relu(torch.bmm(w1, x2.unsqueeze(-1)).squeeze(-1))  # (n, blocks)
-            self._pending = idx
+            self._pending = ("rows", idx)
             return h.view(*shape, self.num_blocks)
         h = F.relu(F.linear(x2, self.weight)).view(n, self.num_blocks, self.block_size)
         h = h * F.one_hot(choice, self.block_size).to(h.dtype)
@@ -121,14 +133,18 @@ class SparseFFNOutput(nn.Module):
         self.bias = nn.Parameter(torch.empty(self.out_features))
         nn.init.xavier_uniform_(self.weight)
         nn.init.normal_(self.bias, std=1e-6)
-        object.__setattr__(self, "_input", sparse_input)  # not a submodule: no second copy in state dicts
+        object.__setattr__(self, "_input", sparse_input)  # not submodules: no second copy in state dicts
+        object.__setattr__(sparse_input, "_output", self)
 
     def forward(self, h):
-        idx = self._input._pending
-        if idx is None:  # dense: (…, d_ff)
+        pending = self._input._pending
+        if pending is None:  # dense: (…, d_ff)
             return torch.matmul(h, self.weight) + self.bias
         self._input._pending = None
         shape = h.shape[:-1]
+        kind, idx = pending
+        if kind == "y":  # fc1 ran the fused kernel
+            return idx.view(*shape, self.out_features)
         h2 = h.reshape(-1, h.size(-1))  # (n, blocks)
         if h2.shape != idx.shape:
             raise RuntimeError(f"sparse FFN: fc2 got activations {tuple(h2.shape)} for the choices "
@@ -175,6 +191,8 @@ def install_sparse_ffn(layer, ffn: SparseFeedForward):
 
 def gathered_rows(ffn_input: SparseFFNInput, tokens):
     """Rows of W1 (and as many of W2) an eval forward over `tokens` tokens reads (decoding roofline)."""
-    if ffn_input.use_gather(tokens):
+    from ..ops import kernels_enabled
+
+    if ffn_input.use_gather(tokens, kernel=kernels_enabled()):
         return min(tokens * ffn_input.num_blocks, ffn_input.out_features)
     return ffn_input.out_features

@@ -1,0 +1,113 @@
+"""The top-1-of-N sparse FFN decoding op against the dense FFN of the same width (csrc issue).
+
+    python benchmarks/sparse_ffn_speed.py [--d-model 1024] [--d-ff 4096] [--blocks 16,64,128]
+        [--tokens 1,5] [--threads N] [--repeats 20] [--quick]
+
+For each N and token count, interleaved in one process: the dense FFN (ReLU(x·W1ᵀ + b1)·W2ᵀ + b2, two
+torch GEMMs), the PyTorch gather reference (fairseq_ext/ops/sparse_ffn.py, copies the chosen rows) and
+the compiled op (csrc/cpu/sparse_ffn.cpp, reads them in place). Each timed call is a loop of 50 calls
+(a decoding step is short). Reports µs per call, speed vs dense, and the op's achieved GB/s over the
+bytes it must read (chosen rows of W1 and W2, the controller C1, C2, c) against the memory bandwidth
+measured in the same run. Writes docs/benchmarks/<name>.json and .md.
+"""
+import argparse
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
+
+INNER = 50
+
+
+def run(d, d_ff, blocks, tokens_list, repeats, threads):
+    from fairseq_ext import ops
+    from fairseq_ext.ops.sparse_ffn import sparse_ffn_decode_reference
+
+    if not ops.extension_loaded():
+        raise SystemExit(f"the compiled extension is not loaded: {ops.build_info()}")
+    torch.manual_seed(1)
+    bw = common.measure_bandwidth()
+    result = {"kind": "sparse_ffn", "settings": {"d_model": d, "d_ff": d_ff, "repeats": repeats,
+                                                 "inner_calls": INNER, "threads": threads},
+              "machine": common.machine_info(threads), "bandwidth_gb_s": bw / 1e9, "rows": []}
+    w1, w2 = torch.randn(d_ff, d) / d ** 0.5, torch.randn(d_ff, d) / d ** 0.5
+    b1, b2 = torch.randn(d_ff), torch.randn(d)
+    w2t = w2.t().contiguous()  # the dense FFN's own layout (nn.Linear: out x in)
+    for n in blocks:
+        lowrank = d_ff // n
+        c1, c2, cb = torch.randn(lowrank, d), torch.randn(d_ff, lowrank), torch.randn(d_ff)
+        for tokens in tokens_list:
+            x = torch.randn(tokens, d)
+
+            def loop(f):
+                def fn():
+                    t = time.perf_counter()
+                    with torch.no_grad():
+                        for _ in range(INNER):
+                            f()
+                    return (time.perf_counter() - t) / INNER
+                return fn
+
+            fns = {
+                "dense": loop(lambda: torch.nn.functional.linear(torch.relu(torch.nn.functional.linear(x, w1, b1)), w2t, b2)),
+                "gather (PyTorch)": loop(lambda: sparse_ffn_decode_reference(x, c1, c2, cb, w1, w2, b2, n)),
+                "kernel": loop(lambda: torch.ops.fairseq_ext.sparse_ffn_decode(x, c1, c2, cb, w1, w2, b2, n)),
+            }
+            times, _ = common.interleaved(fns, repeats)
+            rows_read = min(tokens * (d_ff // n), d_ff)
+            op_bytes = 4 * (2 * rows_read * d + c1.numel() + c2.numel() + cb.numel())
+            row = {"block_size": n, "tokens": tokens,
+                   "us": {k: 1e6 * common.summary(v)["median"] for k, v in times.items()},
+                   "speed_vs_dense": {k: common.summary(common.ratios(times, k, "dense")) for k in fns if k != "dense"},
+                   "kernel_gb_s": op_bytes / common.summary(times["kernel"])["median"] / 1e9}
+            result["rows"].append(row)
+    return result
+
+
+def table(result):
+    s = result["settings"]
+    head = (f"d_model {s['d_model']}, d_ff {s['d_ff']}, {s['threads']} threads, median of {s['repeats']} interleaved "
+            f"rounds of {s['inner_calls']} calls; measured bandwidth {result['bandwidth_gb_s']:.1f} GB/s\n\n")
+    rows = []
+    for r in result["rows"]:
+        g, k = r["speed_vs_dense"]["gather (PyTorch)"], r["speed_vs_dense"]["kernel"]
+        rows.append([str(r["block_size"]), str(r["tokens"]), f"{r['us']['dense']:.0f}", f"{r['us']['gather (PyTorch)']:.0f}",
+                     f"{r['us']['kernel']:.0f}", f"{g['median']:.2f}",
+                     f"{k['median']:.2f} ({k['min']:.2f}–{k['max']:.2f})", f"{r['kernel_gb_s']:.1f}"])
+    return head + common.markdown_table(
+        ["N", "tokens", "dense µs", "gather µs", "kernel µs", "gather vs dense", "kernel vs dense (min–max)",
+         "kernel GB/s"], rows)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--d-model", type=int, default=1024)
+    p.add_argument("--d-ff", type=int, default=4096)
+    p.add_argument("--blocks", default="16,64,128")
+    p.add_argument("--tokens", default="1,5")
+    p.add_argument("--threads", type=int, default=0)
+    p.add_argument("--repeats", type=int, default=20)
+    p.add_argument("--quick", action="store_true", help="small sizes, 2 rounds: a smoke run")
+    p.add_argument("--name", default="sparse_ffn_speed")
+    p.add_argument("--out-dir", default=common.DOCS)
+    a = p.parse_args(argv)
+    if a.quick:
+        a.d_model, a.d_ff, a.blocks, a.tokens, a.repeats = 64, 256, "16", "1,5", 2
+    threads = common.set_threads(a.threads)
+    result = run(a.d_model, a.d_ff, [int(b) for b in a.blocks.split(",")], [int(t) for t in a.tokens.split(",")],
+                 a.repeats, threads)
+    md = table(result)
+    print(md)
+    path = common.write_results(a.name, result, a.out_dir)
+    with open(path[:-5] + ".md", "w") as f:
+        f.write(md + "\n")
+    print(f"\nwrote {path} (+ .md)")
+    return result
+
+
+if __name__ == "__main__":
+    main()

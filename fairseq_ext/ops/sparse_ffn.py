@@ -1,0 +1,42 @@
+"""sparse_ffn_decode: the top-1-of-N sparse FFN (Scaling Transformers §3.1) for a few tokens, reading
+only the chosen row of W1 and of W2 per block (kernel: csrc/sparse_ffn.cpp, csrc/cpu/sparse_ffn.cpp).
+
+    y = sparse_ffn_decode(x, c1, c2, cb, w1, w2, b2, block_size)     x: (n, d) -> y: (n, d)
+
+c1: (d_lowrank, d), c2: (d_ff, d_lowrank), cb: (d_ff) the controller; w1, w2: (d_ff, d) one row per
+hidden unit; b2: (d). `sparse_ffn_decode_reference` is the PyTorch spec and the fallback.
+"""
+import torch
+import torch.nn.functional as F
+
+from . import kernels_enabled
+
+
+def sparse_ffn_decode_reference(x, c1, c2, cb, w1, w2, b2, block_size):
+    n, blocks = x.size(0), w1.size(0) // block_size
+    logits = F.linear(F.linear(x, c1), c2, cb).view(n, blocks, block_size)
+    rows = logits.argmax(-1) + torch.arange(blocks, device=x.device) * block_size  # (n, blocks)
+    h = F.relu(torch.bmm(w1.index_select(0, rows.view(-1)).view(n, blocks, -1), x.unsqueeze(-1)).squeeze(-1))
+    return torch.bmm(h.unsqueeze(1), w2.index_select(0, rows.view(-1)).view(n, blocks, -1)).squeeze(1) + b2
+
+
+def kernel_applies(x):
+    """The compiled op serves this call: extension built and enabled, CPU float32/float64, no autograd
+    (the op has no backward: training keeps the PyTorch path)."""
+    return (kernels_enabled() and x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64)
+            and not torch.is_grad_enabled())
+
+
+def sparse_ffn_decode(x, c1, c2, cb, w1, w2, b2, block_size):
+    if kernel_applies(x):
+        return torch.ops.fairseq_ext.sparse_ffn_decode(x, c1, c2, cb, w1, w2, b2, block_size)
+    return sparse_ffn_decode_reference(x, c1, c2, cb, w1, w2, b2, block_size)
+
+
+if hasattr(torch.library, "register_fake"):
+    try:
+        @torch.library.register_fake("fairseq_ext::sparse_ffn_decode")
+        def _sparse_ffn_decode_fake(x, c1, c2, cb, w1, w2, b2, block_size):
+            return x.new_empty(x.shape)
+    except (RuntimeError, ValueError):  # extension not loaded (no such op), or registered already
+        pass
