@@ -159,6 +159,15 @@ def write_results(name, result, out_dir=None):
     return path
 
 
+def publish(name, result, md, out_dir=None):
+    """Print a benchmark's markdown table and write <name>.json and <name>.md; returns the .json path."""
+    print(md)
+    path = write_results(name, result, out_dir)
+    with open(path[:-5] + ".md", "w") as f:
+        f.write(md + "\n")
+    return path
+
+
 def markdown_table(header, rows):
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]

@@ -191,11 +191,7 @@ def main(argv=None):
         p.error(f"--baseline {args.baseline}: not a registered architecture or checkpoint")
     result = run(models, baseline, batch_sizes, args.beam, args.src_len, args.tgt_len, args.repeats,
                  args.warmup, threads)
-    md = table(result)
-    print(md)
-    path = common.write_results(args.name, result, args.out_dir)
-    with open(path[:-5] + ".md", "w") as f:
-        f.write(md + "\n")
+    path = common.publish(args.name, result, table(result), args.out_dir)
     plot(result, path[:-5] + ".png")
     print(f"\nwrote {path} (+ .md, .png)")
     return result

@@ -100,11 +100,7 @@ def main(argv=None):
     threads = common.set_threads(a.threads)
     result = run(a.d_model, a.d_ff, [int(b) for b in a.blocks.split(",")], [int(t) for t in a.tokens.split(",")],
                  a.repeats, threads)
-    md = table(result)
-    print(md)
-    path = common.write_results(a.name, result, a.out_dir)
-    with open(path[:-5] + ".md", "w") as f:
-        f.write(md + "\n")
+    path = common.publish(a.name, result, table(result), a.out_dir)
     print(f"\nwrote {path} (+ .md)")
     return result
 

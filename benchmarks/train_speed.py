@@ -136,11 +136,7 @@ def main(argv=None):
     if args.baseline not in models:
         p.error(f"--baseline {args.baseline}: not a registered architecture")
     result = run(models, args.baseline, args.tokens, args.len, args.repeats, args.warmup, threads)
-    md = table(result)
-    print(md)
-    path = common.write_results(args.name, result, args.out_dir)
-    with open(path[:-5] + ".md", "w") as f:
-        f.write(md + "\n")
+    path = common.publish(args.name, result, table(result), args.out_dir)
     print(f"\nwrote {path} (+ .md)")
     return result
 
