@@ -21,6 +21,8 @@ from fairseq.incremental_decoding_utils import with_incremental_state
 from fairseq.modules.fairseq_dropout import FairseqDropout
 from torch import Tensor, nn
 
+from .kv_cache import append_to_cache
+
 
 def _linear(in_dim, out_dim, bias=True):
     m = nn.Linear(in_dim, out_dim, bias=bias)
@@ -113,18 +115,8 @@ class CompressedAttention(nn.Module):
             values.append(v_e)
         if self.self_attention:
             k_s, v_s = self._heads(proj.pop(0), self.head_dim), self._heads(proj.pop(0), self.value_head_dim)
-            pad_s = self_padding_mask
-            if "self_k" in state:  # append this step's key/value to the cache
-                k_s = torch.cat([state["self_k"], k_s], dim=2)
-                v_s = torch.cat([state["self_v"], v_s], dim=2)
-                prev_pad = state.get("self_pad")
-                if prev_pad is not None or pad_s is not None:
-                    prev_pad = prev_pad if prev_pad is not None else x.new_zeros(b, k_s.size(2) - t, dtype=torch.bool)
-                    pad_s = torch.cat([prev_pad, pad_s if pad_s is not None else x.new_zeros(b, t, dtype=torch.bool)], 1)
-            if incremental_state is not None:
-                state.update(self_k=k_s, self_v=v_s)
-                if pad_s is not None:
-                    state["self_pad"] = pad_s
+            # append this step's key/value to the cache (a throwaway dict without incremental_state)
+            k_s, v_s, pad_s = append_to_cache(state, k_s, v_s, self_padding_mask, prefix="self_")
             s_s = torch.matmul(q, k_s.transpose(2, 3))
             if self_attn_mask is not None:  # causal: (T, T) with -inf above the diagonal
                 s_s = s_s + self_attn_mask[:, -k_s.size(2):]

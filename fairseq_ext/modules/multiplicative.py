@@ -29,6 +29,8 @@ from fairseq.incremental_decoding_utils import with_incremental_state
 from fairseq.modules.fairseq_dropout import FairseqDropout
 from torch import Tensor, nn
 
+from .kv_cache import append_to_cache
+
 
 class MultiplicativeDense(nn.Module):
     """y[s, m] = Σ_i x_i D[i, s] E[i, m] (§3.2). (…, d) -> (…, S, M). d·S + d·M parameters; the
@@ -158,16 +160,8 @@ class SparseQKVAttention(nn.Module):
             if self.causal:
                 self._advance(state, "conv", m, self.conv_q.length_kernel)
             k, v, pad = self._heads(k), self._heads(v), key_padding_mask
-            if state is not None:
-                if "k" in state:  # append this step's key/value to the cache
-                    k, v = torch.cat([state["k"], k], dim=2), torch.cat([state["v"], v], dim=2)
-                    prev_pad = state.get("pad")
-                    if prev_pad is not None or pad is not None:
-                        prev_pad = prev_pad if prev_pad is not None else query.new_zeros(b, k.size(2) - t, dtype=torch.bool)
-                        pad = torch.cat([prev_pad, pad if pad is not None else query.new_zeros(b, t, dtype=torch.bool)], 1)
-                state.update(k=k, v=v)
-                if pad is not None:
-                    state["pad"] = pad
+            if state is not None:  # append this step's key/value to the cache
+                k, v, pad = append_to_cache(state, k, v, pad)
         if state is not None:
             self.set_incremental_state(incremental_state, "state", state)
         q = self._heads(q) * self.scaling  # (B, h, T, dh)

@@ -22,6 +22,8 @@ from fairseq.incremental_decoding_utils import with_incremental_state
 from fairseq.modules.fairseq_dropout import FairseqDropout
 from torch import Tensor, nn
 
+from .kv_cache import append_to_cache
+
 
 class RMSNorm(nn.Module):
     """x / sqrt(mean(x²) + eps) · g (eps 1e-8 as the official code)."""
@@ -113,16 +115,8 @@ class ShapedAttention(nn.Module):
             if not self.causal:
                 raise ValueError("incremental decoding needs a causal ShapedAttention")
             state = self.get_incremental_state(incremental_state, "state") or {}
-            if "k" in state:
-                offset = state["k"].size(2)
-                k, v = torch.cat([state["k"], k], dim=2), torch.cat([state["v"], v], dim=2)
-                prev_pad = state.get("pad")
-                if prev_pad is not None or pad is not None:
-                    prev_pad = prev_pad if prev_pad is not None else x.new_zeros(b, offset, dtype=torch.bool)
-                    pad = torch.cat([prev_pad, pad if pad is not None else x.new_zeros(b, t, dtype=torch.bool)], 1)
-            state = {"k": k, "v": v}
-            if pad is not None:
-                state["pad"] = pad
+            k, v, pad = append_to_cache(state, k, v, pad)
+            offset = k.size(2) - t  # absolute position of this step's first query
             self.set_incremental_state(incremental_state, "state", state)
         allowed, _, _ = self._allowed(t, k.size(2), offset, pad, x.device)
         probs = self._softmax(q, k, allowed)
