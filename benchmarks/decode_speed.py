@@ -46,10 +46,14 @@ def make_generator(model, task, beam, tgt_len):
 
 def bytes_per_step(model, bsz, beam, src_len, tgt_len):
     """Bytes a decoding step must read (fp32): the model's own estimate when it defines
-    `decode_bytes_per_step`, else a standard encoder-decoder Transformer's."""
+    `decode_bytes_per_step`, else a standard encoder-decoder Transformer's, where a decoder module that
+    reads only part of its weights per step says how much (`decode_weight_reads(tokens)`)."""
     if hasattr(model, "decode_bytes_per_step"):
         return model.decode_bytes_per_step(bsz, beam, src_len, tgt_len)
     dec_params = {id(p): p.numel() for p in model.decoder.parameters()}  # tied weights once
+    for module in model.decoder.modules():  # modules that read only part of their weights (sparse FFN)
+        if hasattr(module, "decode_weight_reads"):
+            dec_params.update(module.decode_weight_reads(bsz * beam))
     dec = sum(dec_params.values())
     enc_only = sum(p.numel() for p in model.encoder.parameters() if id(p) not in dec_params)
     layers = len(getattr(model.decoder, "layers", []))

@@ -1,5 +1,8 @@
 """Scaling Transformer layers (Jaszczur et al. 2021 §3) against plain references, on odd shapes.
 The archs themselves (train, incremental == full, resume, bad flags) are in the shared matrix."""
+import os
+import sys
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -228,12 +231,16 @@ def test_gather_path_gives_the_models_dense_outputs(tiny_data):
 
 
 def test_decode_roofline_counts_only_gathered_rows():
+    from conftest import REPO
     from fairseq_ext.tools.params import build_model
+
+    sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+    from decode_speed import bytes_per_step
 
     model = build_model("scaling_sparse_ff", 32000, ["--encoder-layers", "1", "--decoder-layers", "1"])
     fc1 = model.decoder.layers[0].fc1
     assert fc1.use_gather(1) and fc1.use_gather(16) and not fc1.use_gather(17)
-    sparse = model.decode_bytes_per_step(1, 1, 20, 20)
+    sparse = bytes_per_step(model, 1, 1, 20, 20)
     fc1.mode = "dense"
-    dense = model.decode_bytes_per_step(1, 1, 20, 20)
+    dense = bytes_per_step(model, 1, 1, 20, 20)
     assert dense - sparse == 4 * 2 * (4096 - 64) * 1024  # 64 of 4,096 rows of W1 and W2 (fp32)

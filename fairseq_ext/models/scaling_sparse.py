@@ -11,14 +11,13 @@ fairseq's Transformer, with every One Wide FFN placement option (the model subcl
   --sparse-loss S             the output projection becomes a multiplicative layer (§3.3)
 The layers stay fairseq's own (fc1/fc2 and the attention modules are replaced in place), so fairseq's
 beam search, incremental decoding, checkpoints and DDP are unchanged. Decoding reads only the chosen
-d_ff/N rows of W1 and W2 per token (pure PyTorch gather; the fused kernel is csrc's job).
+d_ff/N rows of W1 and W2 per token (the csrc kernel, or its PyTorch reference: modules/sparse_feedforward.py).
 """
 from fairseq.models.transformer.transformer_legacy import transformer_wmt_en_de_big
 
 from ..compat import register_model, register_model_architecture
 from ..modules.multiplicative import SparseOutputProjection, SparseQKVAttention
-from ..modules.sparse_feedforward import SparseFFNInput, SparseFFNOutput, SparseFeedForward, check_block_size, \
-    gathered_rows, install_sparse_ffn
+from ..modules.sparse_feedforward import SparseFeedForward, check_block_size, install_sparse_ffn
 from .common import tiny_dims
 from .one_wide_ffn import OneWideFFNModel, _one_wide, one_wide_ffn_base_architecture, one_wide_ffn_defaults
 
@@ -192,22 +191,6 @@ class ScalingSparseModel(OneWideFFNModel):
         model = super().build_model(args, task)
         sparsify(model, args)
         return model
-
-    def decode_bytes_per_step(self, bsz, beam, src_len, tgt_len):
-        """Roofline bytes of one decoding step (benchmarks/decode_speed.py): the decoder weights a step
-        reads (for each sparse FFN only the gathered rows of W1/W2, d_ff/N per token), the key/value
-        caches, and the encoder's weights amortised over the steps."""
-        rows, d = bsz * beam, self.decoder.embed_dim
-        dec = {id(p): p.numel() for p in self.decoder.parameters()}  # tied weights once
-        enc_only = sum(p.numel() for p in self.encoder.parameters() if id(p) not in dec)
-        for module in self.decoder.modules():
-            if isinstance(module, SparseFFNInput):
-                dec[id(module.weight)] = gathered_rows(module, rows) * module.in_features
-            elif isinstance(module, SparseFFNOutput):
-                dec[id(module.weight)] = gathered_rows(module._input, rows) * module.out_features
-        layers = len(self.decoder.layers)
-        kv = 2 * layers * rows * d * ((tgt_len + 2) / 2 + src_len)
-        return 4 * (sum(dec.values()) + kv + enc_only / (tgt_len + 1))
 
 
 def _sparse_big(args, ffn_dim, block_size, qkv):

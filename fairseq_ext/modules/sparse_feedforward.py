@@ -20,13 +20,14 @@ For use inside fairseq's Transformer layers (which call fc2(dropout(activation(f
 split in `fc1` (controller, W1, ReLU, mask) and `fc2` (W2, b2); `install_sparse_ffn` puts them in a layer
 and makes the layer's activation the identity (the ReLU is applied before the mask: applying it again
 after the mask would zero the straight-through gradient of the units the one-hot switched off).
-In the gather path fc1 hands the chosen unit indices to its fc2 (same layer call, in order).
+In the gather path fc1 computes the whole FFN with `fairseq_ext.ops.sparse_ffn.sparse_ffn_decode` (the
+compiled kernel, or its PyTorch reference) and hands the output to its fc2 (same layer call, in order).
 """
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..ops.sparse_ffn import kernel_applies
+from ..ops.sparse_ffn import kernel_applies, sparse_ffn_decode
 
 MODES = ("auto", "dense", "gather")
 
@@ -65,7 +66,7 @@ class SparseFFNInput(nn.Module):
         for w in (self.weight, self.controller1, self.controller2):
             nn.init.xavier_uniform_(w)  # Glorot uniform (trax)
         nn.init.normal_(self.controller_bias, std=1e-6)
-        self._pending = None  # for fc2: ("rows", chosen unit ids (n, d_ff/N)) or ("y", the kernel's output)
+        self._pending = None  # for fc2: the FFN's output (n, d) when the gather path computed it
 
     def extra_repr(self):
         return (f"{self.in_features} -> {self.out_features}, block_size={self.block_size}, "
@@ -87,17 +88,27 @@ class SparseFFNInput(nn.Module):
         limit = num_tokens if kernel else 4 * num_tokens
         return self.mode == "gather" or (self.mode == "auto" and limit <= self.block_size)
 
+    def decode_weight_reads(self, tokens):
+        """{id(parameter): elements read} of W1 and W2 by an eval forward over `tokens` tokens, for the
+        decoding roofline of benchmarks/decode_speed.py (a module hook: any model may hold this FFN)."""
+        from ..ops import kernels_enabled
+
+        rows = self.out_features
+        if self.use_gather(tokens, kernel=kernels_enabled()):
+            rows = min(tokens * self.num_blocks, self.out_features)
+        return {id(self.weight): rows * self.in_features, id(self._output.weight): rows * self.in_features}
+
     def forward(self, x):
         shape = x.shape[:-1]
         x2 = x.reshape(-1, x.size(-1))  # (n, d)
         n = x2.size(0)
         self._pending = None
-        if not self.training and kernel_applies(x2) and self.use_gather(n, kernel=True):
-            out = self._output  # csrc kernel: controller, choice and both layers in one call
-            self._pending = ("y", torch.ops.fairseq_ext.sparse_ffn_decode(
-                x2, self.controller1, self.controller2, self.controller_bias, self.weight, out.weight, out.bias,
-                self.block_size))
-            return x2.new_zeros(*shape, self.num_blocks)  # stands for h; fc2 returns the kernel's output
+        if not self.training and self.use_gather(n, kernel=kernel_applies(x2)):
+            # the whole FFN reading only the chosen rows: the csrc kernel, or its PyTorch reference
+            out = self._output
+            self._pending = sparse_ffn_decode(x2, self.controller1, self.controller2, self.controller_bias,
+                                              self.weight, out.weight, out.bias, self.block_size)
+            return x2.new_zeros(*shape, self.num_blocks)  # stands for h; fc2 returns the FFN's output
         logits = self.controller_logits(x2)  # (n, blocks, N)
         if self.training:
             log_p = F.log_softmax(logits.float(), dim=-1)
@@ -111,12 +122,6 @@ class SparseFFNInput(nn.Module):
             h = F.relu(F.linear(x2, self.weight)) * mask.view(n, -1).to(x2.dtype)
             return h.view(*shape, self.out_features)
         choice = logits.argmax(-1)  # (n, blocks)
-        if self.use_gather(n):  # read d_ff/N rows of W1 per token
-            idx = choice + torch.arange(self.num_blocks, device=x.device) * self.block_size  # unit ids
-            w1 = self.weight.index_select(0, idx.view(-1)).view(n, self.num_blocks, -1)  # (n, blocks, d)
-            h = F.relu(torch.bmm(w1, x2.unsqueeze(-1)).squeeze(-1))  # (n, blocks)
-            self._pending = ("rows", idx)
-            return h.view(*shape, self.num_blocks)
         h = F.relu(F.linear(x2, self.weight)).view(n, self.num_blocks, self.block_size)
         h = h * F.one_hot(choice, self.block_size).to(h.dtype)
         return h.view(*shape, self.out_features)
@@ -137,21 +142,15 @@ class SparseFFNOutput(nn.Module):
         object.__setattr__(sparse_input, "_output", self)
 
     def forward(self, h):
-        pending = self._input._pending
-        if pending is None:  # dense: (…, d_ff)
+        y = self._input._pending
+        if y is None:  # dense: (…, d_ff)
             return torch.matmul(h, self.weight) + self.bias
-        self._input._pending = None
+        self._input._pending = None  # fc1's gather path computed the whole FFN
         shape = h.shape[:-1]
-        kind, idx = pending
-        if kind == "y":  # fc1 ran the fused kernel
-            return idx.view(*shape, self.out_features)
-        h2 = h.reshape(-1, h.size(-1))  # (n, blocks)
-        if h2.shape != idx.shape:
-            raise RuntimeError(f"sparse FFN: fc2 got activations {tuple(h2.shape)} for the choices "
-                               f"{tuple(idx.shape)} of its fc1 (fc1 and fc2 must be called in pairs)")
-        w2 = self.weight.index_select(0, idx.view(-1)).view(idx.size(0), idx.size(1), -1)  # (n, blocks, d)
-        out = torch.bmm(h2.unsqueeze(1), w2).squeeze(1) + self.bias
-        return out.view(*shape, self.out_features)
+        if h.numel() // h.size(-1) != y.size(0):
+            raise RuntimeError(f"sparse FFN: fc2 got activations {tuple(h.shape)} for the {y.size(0)} tokens "
+                               f"of its fc1 (fc1 and fc2 must be called in pairs)")
+        return y.view(*shape, self.out_features)
 
 
 class SparseFeedForward(nn.Module):
@@ -187,12 +186,3 @@ def install_sparse_ffn(layer, ffn: SparseFeedForward):
     """Make a fairseq Transformer layer use `ffn` as its FFN (fc1 -> activation -> dropout -> fc2)."""
     layer.fc1, layer.fc2 = ffn.fc1, ffn.fc2
     layer.activation_fn = _identity  # the ReLU is inside fc1, before the mask
-
-
-def gathered_rows(ffn_input: SparseFFNInput, tokens):
-    """Rows of W1 (and as many of W2) an eval forward over `tokens` tokens reads (decoding roofline)."""
-    from ..ops import kernels_enabled
-
-    if ffn_input.use_gather(tokens, kernel=kernels_enabled()):
-        return min(tokens * ffn_input.num_blocks, ffn_input.out_features)
-    return ffn_input.out_features
