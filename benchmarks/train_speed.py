@@ -4,8 +4,8 @@
         [--tokens 4096] [--len 32] [--vocab 32000] [--threads N] [--repeats 5] [--quick]
 
 Each step trains on the same random batch of a fixed token count (--tokens target tokens, sentences of
---len tokens on both sides; for a language-model arch, blocks of --len tokens) with fairseq's label-smoothed cross-entropy and Adam, in train mode
-(dropout as the arch sets it). Models run interleaved (A B A B ..., warm-up first); reported: median
+--len tokens on both sides; for a language-model arch, blocks of --len tokens) with fairseq's
+label-smoothed cross-entropy and Adam, in train mode (dropout as the arch sets it). Models run interleaved (A B A B ..., warm-up first); reported: median
 target tokens/s, ratio candidate/baseline per round (median, min-max), peak RSS increase during a
 step, parameters. Writes docs/benchmarks/<name>.json and .md.
 """
@@ -17,6 +17,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
+from fairseq_ext.tools.params import is_language_model  # noqa: E402
 
 
 def make_batch(tokens, length, vocab, eos, pad, seed, lm=False):
@@ -33,15 +34,6 @@ def make_batch(tokens, length, vocab, eos, pad, seed, lm=False):
     net_input = {"src_tokens": prev, "src_lengths": lengths} if lm else \
         {"src_tokens": src, "src_lengths": lengths, "prev_output_tokens": prev}
     return {"net_input": net_input, "target": tgt, "ntokens": bsz * length, "nsentences": bsz}
-
-
-def is_language_model(arch):
-    from fairseq_ext.tools.params import is_language_model as is_lm
-
-    try:
-        return is_lm(arch)
-    except KeyError:  # a checkpoint name, not an arch
-        return False
 
 
 def train_step_fn(model, task, sample, lr=1e-4, label_smoothing=0.1):

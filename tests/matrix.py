@@ -2,6 +2,7 @@
 import torch
 
 from conftest import USER_DIR  # noqa: F401  (re-exported for the tests)
+from fairseq_ext.tools.params import is_language_model as is_lm  # noqa: F401  (re-exported for the tests)
 
 
 def matrix_archs():
@@ -11,12 +12,6 @@ def matrix_archs():
     from fairseq_ext.models import package_archs
 
     return ["transformer_tiny"] + [a for a in package_archs() if a.endswith("_tiny")]
-
-
-def is_lm(arch):
-    from fairseq_ext.tools.params import is_language_model
-
-    return is_language_model(arch)
 
 
 def parse_args(data_dir, arch, extra=(), save_dir=None):

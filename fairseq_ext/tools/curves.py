@@ -11,31 +11,19 @@ Loss is fairseq's: base 2 (bits per token).
 """
 import argparse
 import json
-import re
 import statistics
+
+from .train_log import parse_train_log
 
 
 def parse_log(path):
-    valid, train, params = [], [], None
-    with open(path, encoding="utf-8", errors="replace") as f:
-        for line in f:
-            if "num. shared model params" in line and params is None:
-                m = re.search(r"num\. shared model params: ([\d,]+)", line)
-                params = int(m.group(1).replace(",", "")) if m else None
-            elif "train_inner" in line:
-                fields = dict(re.findall(r"(\w+)=([0-9.e+-]+)", line))
-                if "num_updates" in fields:
-                    train.append({k: float(v) for k, v in fields.items()})
-            elif "valid on 'valid' subset" in line:
-                fields = dict(re.findall(r"\b(loss|ppl|num_updates) ([0-9.e+-]+)", line))
-                if "num_updates" in fields:
-                    valid.append({k: float(v) for k, v in fields.items()})
+    log = parse_train_log(path)
     points = []
-    for v in valid:
-        seconds = sum(t.get("train_wall", 0.0) for t in train if t["num_updates"] <= v["num_updates"])
+    for v in log["valid"]:
+        seconds = sum(t.get("train_wall", 0.0) for t in log["train"] if t["num_updates"] <= v["num_updates"])
         points.append({"updates": int(v["num_updates"]), "seconds": seconds, "loss": v["loss"]})
-    wps = [t["wps"] for t in train if "wps" in t]
-    return {"params": params, "points": points, "tokens_per_s": statistics.median(wps) if wps else None}
+    wps = [t["wps"] for t in log["train"] if "wps" in t]
+    return {"params": log["params"], "points": points, "tokens_per_s": statistics.median(wps) if wps else None}
 
 
 def table(runs):

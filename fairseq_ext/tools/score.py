@@ -59,17 +59,11 @@ def score_file(path, copy_baseline=False):
 
 
 def last_validation(log_path):
-    """loss / nll_loss (base 2) / ppl / num_updates of the last "valid on 'valid' subset" line of a
-    fairseq-train log (simple or tqdm format), or None."""
-    last = None
-    with open(log_path, encoding="utf-8", errors="replace") as f:
-        for line in f:
-            if "valid on 'valid' subset" in line:
-                last = line
-    if last is None:
-        return None
-    fields = dict(re.findall(r"\b(loss|nll_loss|ppl|num_updates) ([0-9.e+-]+)", last))
-    return {k: float(v) for k, v in fields.items()}
+    """loss / nll_loss (base 2) / ppl / num_updates of the last validation of a fairseq-train log, or None."""
+    from .train_log import parse_train_log
+
+    valid = parse_train_log(log_path)["valid"]
+    return valid[-1] if valid else None
 
 
 def main(argv=None):
