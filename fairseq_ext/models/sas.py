@@ -42,9 +42,9 @@ def add_sas_args(parser):
     g.add_argument("--sas-beta-ff-init", type=float, metavar="B", help="initial MLP branch gain β_FF (default 0.1)")
 
 
-def sas_defaults(args, decoder_block="sas"):
+def sas_defaults(args):
     args.sas_encoder_block = getattr(args, "sas_encoder_block", None) or "sas_p"
-    args.sas_decoder_block = getattr(args, "sas_decoder_block", None) or decoder_block
+    args.sas_decoder_block = getattr(args, "sas_decoder_block", None) or "sas"
     args.sas_no_norm = getattr(args, "sas_no_norm", False)
     args.sas_beta_ff_init = getattr(args, "sas_beta_ff_init", None)
     if args.sas_beta_ff_init is None:
@@ -76,6 +76,14 @@ def _block(cfg, args, side, index, causal, cross=None):
         norm=(index == 0 or not args.sas_no_norm), value_matrix=(index == 0), beta_ff_init=args.sas_beta_ff_init,
         dropout=cfg.dropout, attention_dropout=cfg.attention_dropout, activation_dropout=cfg.activation_dropout,
         cross_attention=cross)
+
+
+def _next_layer_index(stack):
+    """Index of the layer a fairseq encoder/decoder is building (its base constructor builds them in
+    order, before `self.layers` exists): the first layer has its own norm / value-matrix settings."""
+    index = stack.__dict__.get("_sas_built", 0)
+    stack.__dict__["_sas_built"] = index + 1
+    return index
 
 
 class SASEncoderLayer(nn.Module):
@@ -126,8 +134,7 @@ class SASEncoder(TransformerEncoderBase):
             self.layer_norm = RMSNorm(embed_tokens.embedding_dim)
 
     def build_encoder_layer(self, cfg):
-        index = self.__dict__.get("_sas_built", 0)
-        self.__dict__["_sas_built"] = index + 1
+        index = _next_layer_index(self)
         return SASEncoderLayer(_block(cfg, self.args, "encoder", index, causal=False))
 
 
@@ -140,8 +147,7 @@ class SASDecoder(TransformerDecoderBase):
             self.layer_norm = RMSNorm(self.output_embed_dim)
 
     def build_decoder_layer(self, cfg, no_encoder_attn=False):
-        index = self.__dict__.get("_sas_built", 0)
-        self.__dict__["_sas_built"] = index + 1
+        index = _next_layer_index(self)
         cross = None
         if not no_encoder_attn:
             cross = MultiheadAttention(cfg.decoder.embed_dim, cfg.decoder.attention_heads,
@@ -186,7 +192,7 @@ class SASLanguageModel(TransformerLanguageModel):
 
     @classmethod
     def build_model(cls, args, task):
-        sas_defaults(args, decoder_block=getattr(args, "sas_decoder_block", None) or "sas")
+        sas_defaults(args)
         validate_sas_args(args, encoder_decoder=False)
         if getattr(args, "max_target_positions", None) is None:
             args.max_target_positions = getattr(args, "tokens_per_sample", 1024)
@@ -244,7 +250,7 @@ def _sas_lm(args, block, no_norm=False):
     args.sas_no_norm = getattr(args, "sas_no_norm", False) or no_norm
     _paper_lm(args)
     base_lm_architecture(args)
-    sas_defaults(args, decoder_block=block)
+    sas_defaults(args)
 
 
 @register_model_architecture("sas_lm", "sas_lm")
