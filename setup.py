@@ -6,8 +6,9 @@ Install into an environment that already has torch and fairseq (see scripts/boot
 
 The C++ extension fairseq_ext._C is built from csrc/ against the installed torch. Kernels register
 under torch.ops.fairseq_ext; every one has a PyTorch reference in fairseq_ext/ops/, so the package
-works without the extension (FAIRSEQ_EXT_NO_BUILD=1 skips it). CUDA sources (csrc/cuda/*.cu) are
-compiled only when the installed torch has CUDA.
+works without the extension (FAIRSEQ_EXT_NO_BUILD=1 skips it). CUDA sources (csrc/cuda/*.cu and their
+host sides csrc/cuda/*.cpp) are built only when the installed torch has CUDA; on CPU-only machines
+tests/test_kernels.py compile-checks them (nvcc -c, c++ -fsyntax-only).
 """
 import glob
 import os
@@ -25,7 +26,8 @@ def extensions():
 
     rel = lambda paths: sorted(os.path.relpath(p, here) for p in paths)
     sources = rel(glob.glob(os.path.join(here, "csrc", "*.cpp")) + glob.glob(os.path.join(here, "csrc", "cpu", "*.cpp")))
-    cuda_sources = rel(glob.glob(os.path.join(here, "csrc", "cuda", "*.cu")))
+    # csrc/cuda: kernels (*.cu, nvcc) and their host sides (*.cpp: checks, allocation, registration)
+    cuda_sources = rel(glob.glob(os.path.join(here, "csrc", "cuda", "*.cu")) + glob.glob(os.path.join(here, "csrc", "cuda", "*.cpp")))
     # -O3 only: no -march=native, so a wheel built here runs on any x86-64 / aarch64 machine.
     # Vectorised kernels choose their ISA at run time (see csrc/README.md).
     cxx = ["-O3", "-std=c++17", "-fopenmp"]

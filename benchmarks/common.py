@@ -90,19 +90,33 @@ class PeakRSS:
         self.peak = max(self.peak, self.proc.memory_info().rss)
 
 
-def measure_bandwidth(mb=256, repeats=7):
+def measure_bandwidth(mb=256, repeats=7, device="cpu"):
     """Effective memory bandwidth (bytes/s) of a large fp32 matrix-vector product, which streams the
-    matrix once: the same access pattern as a batch-1 decoding step reading its weights."""
+    matrix once: the same access pattern as a batch-1 decoding step reading its weights. On a GPU pass a
+    matrix several times the L2 (mb=2048)."""
     n = int((mb * 2**20 / 4) ** 0.5)
-    a = torch.randn(n, n)
-    x = torch.randn(n)
+    a = torch.randn(n, n, device=device)
+    x = torch.randn(n, device=device)
     torch.mv(a, x)
     times = []
     for _ in range(repeats):
-        t = time.perf_counter()
-        torch.mv(a, x)
-        times.append(time.perf_counter() - t)
+        times.append(device_timed(lambda: torch.mv(a, x), device))
     return a.numel() * 4 / statistics.median(times)
+
+
+def device_timed(fn, device="cpu"):
+    """Seconds fn() takes on `device`: wall clock on CPU, CUDA events (after a synchronize) on a GPU."""
+    if torch.device(device).type != "cuda":
+        t = time.perf_counter()
+        fn()
+        return time.perf_counter() - t
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    start.record()
+    fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / 1e3
 
 
 def interleaved(fns, repeats, warmup=1):
@@ -131,12 +145,15 @@ def summary(values):
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
-def machine_info(threads):
+def machine_info(threads, device="cpu"):
     from fairseq_ext import ops
 
-    return {"python": sys.version.split()[0], "torch": torch.__version__, "threads": threads,
+    info = {"python": sys.version.split()[0], "torch": torch.__version__, "threads": threads,
             "cpu_count": os.cpu_count(), "platform": platform.platform(), "processor": _cpu_model(),
             "extension": ops.build_info()}
+    if torch.device(device).type == "cuda":
+        info.update(gpu=torch.cuda.get_device_name(device), cuda=torch.version.cuda)
+    return info
 
 
 def _cpu_model():

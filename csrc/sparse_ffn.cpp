@@ -9,6 +9,8 @@
 // W1 and W2 are stored (d_ff, d): the selected rows are contiguous.
 #include <torch/extension.h>
 
+#include "sparse_ffn.h"
+
 namespace fairseq_ext {
 
 void check_sparse_ffn_args(const at::Tensor& x, const at::Tensor& c1, const at::Tensor& c2, const at::Tensor& cb,

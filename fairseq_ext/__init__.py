@@ -3,9 +3,16 @@
 Use with fairseq's tools via `--user-dir fairseq_ext` (or `import fairseq_ext` in Python). Importing
 applies the torch/fairseq compatibility layer and registers every architecture of the package.
 Importing twice (user-dir and import) is harmless: registration is idempotent.
+
+FAIRSEQ_EXT_OPS_ONLY=1 imports the package without fairseq (nothing is registered): the kernels in
+fairseq_ext.ops and the tools that need only torch, e.g. the CUDA kernel tests on a GPU machine whose
+Python has no fairseq (scripts/gpu_check.sh).
 """
-from . import compat  # noqa: F401  (must come first: checkpoint loading, registry guard)
-from . import models  # noqa: F401  (registers every architecture)
-from . import optim  # noqa: F401  (registers the optimizers: adam_no_decay_gains)
+import os as _os
+
+if _os.environ.get("FAIRSEQ_EXT_OPS_ONLY") != "1":
+    from . import compat  # noqa: F401  (must come first: checkpoint loading, registry guard)
+    from . import models  # noqa: F401  (registers every architecture)
+    from . import optim  # noqa: F401  (registers the optimizers: adam_no_decay_gains)
 
 __version__ = "0.1.0"

@@ -1,8 +1,16 @@
 """csrc kernels against their PyTorch references (DESIGN.md §3: float64 reference, odd shapes, NaN
 poisoning of what must not be read, determinism, opcheck), and models with vs without kernels.
 The extension is part of the install (scripts/bootstrap.sh builds it); these tests fail, not skip,
-when it is missing, unless the install opted out with FAIRSEQ_EXT_NO_BUILD=1."""
+when it is missing, unless the install opted out with FAIRSEQ_EXT_NO_BUILD=1.
+
+Op tests run on every device this machine has: CPU here and in CI; CPU and CUDA on a GPU machine
+(scripts/gpu_check.sh runs `-k cuda` there, with FAIRSEQ_EXT_OPS_ONLY=1 when its Python has no
+fairseq). The CUDA sources are compiled with nvcc here too (test_cuda_sources_compile), so they
+cannot rot on CPU-only CI."""
+import glob
 import os
+import shutil
+import subprocess
 
 import pytest
 import torch
@@ -10,29 +18,37 @@ import torch
 from fairseq_ext import ops
 from fairseq_ext.ops.sparse_ffn import sparse_ffn_decode_reference
 
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
 if os.environ.get("FAIRSEQ_EXT_NO_BUILD") == "1" and not ops.extension_loaded():
     pytest.skip("installed with FAIRSEQ_EXT_NO_BUILD=1: no compiled kernels", allow_module_level=True)
 
 
-def test_extension_is_built_and_has_the_ops():
+@pytest.mark.parametrize("device", DEVICES)
+def test_extension_is_built_and_has_the_ops(device):
     assert ops.extension_loaded(), ops.build_info()
     assert hasattr(torch.ops.fairseq_ext, "sparse_ffn_decode")
+    assert ops.has_kernel("sparse_ffn_decode", device), f"no {device} kernel in this build: {ops.build_info()}"
 
 
-def _weights(d, d_ff, block, lowrank, dtype, seed):
+def _weights(d, d_ff, block, lowrank, dtype, seed, device="cpu"):
     g = torch.Generator().manual_seed(seed)
-    r = lambda *s: torch.randn(*s, generator=g, dtype=dtype)
-    return [r(lowrank, d), r(d_ff, lowrank), r(d_ff), r(d_ff, d) / d ** 0.5, r(d_ff, d) / d ** 0.5, r(d)]
+    r = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64)
+    w = [r(lowrank, d), r(d_ff, lowrank), r(d_ff), r(d_ff, d) / d ** 0.5, r(d_ff, d) / d ** 0.5, r(d)]
+    return [t.to(device=device, dtype=dtype) for t in w]
 
 
-SHAPES = [(24, 96, 8, 1), (40, 120, 12, 3), (64, 192, 16, 5), (96, 288, 32, 7), (40, 120, 40, 33), (24, 48, 1, 2)]
+SHAPES = [(24, 96, 8, 1), (40, 120, 12, 3), (64, 192, 16, 5), (96, 288, 32, 7), (40, 120, 40, 33), (24, 48, 1, 2),
+          (136, 408, 136, 6), (40, 2000, 250, 64)]
 
 
 @pytest.mark.parametrize("d,d_ff,block,tokens", SHAPES)
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-def test_sparse_ffn_decode_equals_reference(d, d_ff, block, tokens, dtype):
-    w = _weights(d, d_ff, block, max(1, d_ff // block), dtype, seed=d + tokens)
-    x = torch.randn(tokens, d, dtype=dtype)
+@pytest.mark.parametrize("device", DEVICES)
+def test_sparse_ffn_decode_equals_reference(d, d_ff, block, tokens, dtype, device):
+    w = _weights(d, d_ff, block, max(1, d_ff // block), dtype, seed=d + tokens, device=device)
+    x = torch.randn(tokens, d, dtype=torch.float64).to(device=device, dtype=dtype)
     out = torch.ops.fairseq_ext.sparse_ffn_decode(x, *w, block)
     ref = sparse_ffn_decode_reference(x.double(), *[t.double() for t in w], block)
     tol = 1e-12 if dtype == torch.float64 else 2e-5
@@ -40,51 +56,100 @@ def test_sparse_ffn_decode_equals_reference(d, d_ff, block, tokens, dtype):
     assert torch.equal(out, torch.ops.fairseq_ext.sparse_ffn_decode(x, *w, block))  # deterministic
 
 
-def test_sparse_ffn_decode_reads_only_the_chosen_rows():
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("d,d_ff,block,tokens", SHAPES[1:4])
+def test_sparse_ffn_decode_half_precision_cuda(d, d_ff, block, tokens, dtype):
+    """CUDA takes float16/bfloat16 (accumulating in float32). The controller rounds x·C1ᵀ and the logits
+    to the input dtype, as the reference's F.linear does; the expected output is float64 arithmetic over
+    the units those rounded logits choose."""
+    if "cuda" not in DEVICES:
+        pytest.skip("no CUDA device on this machine (CPU kernels take float32/float64 only)")
+    w = _weights(d, d_ff, block, max(1, d_ff // block), dtype, seed=d, device="cuda")
+    x = torch.randn(tokens, d, dtype=torch.float64).to(device="cuda", dtype=dtype)
+    out = torch.ops.fairseq_ext.sparse_ffn_decode(x, *w, block)
+    z = (x.double() @ w[0].double().T).to(dtype).double()
+    logits = (z @ w[1].double().T + w[2].double()).to(dtype)
+    rows = (logits.view(tokens, -1, block).argmax(-1) + torch.arange(d_ff // block, device="cuda") * block)
+    xd, w1, w2 = x.double(), w[3].double()[rows], w[4].double()[rows]  # (tokens, blocks, d)
+    h = torch.relu(torch.einsum("td,tbd->tb", xd, w1))
+    ref = torch.einsum("tb,tbd->td", h, w2) + w[5].double()
+    tol = 1e-2 if dtype == torch.float16 else 4e-2
+    torch.testing.assert_close(out.double(), ref, rtol=tol, atol=tol)
+    assert torch.equal(out, torch.ops.fairseq_ext.sparse_ffn_decode(x, *w, block))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_sparse_ffn_decode_reads_only_the_chosen_rows(device):
     d, d_ff, block = 40, 160, 16
-    w = _weights(d, d_ff, block, 10, torch.float32, seed=1)
-    x = torch.randn(5, d)
+    w = _weights(d, d_ff, block, 10, torch.float32, seed=1, device=device)
+    x = torch.randn(5, d).to(device)
     expect = sparse_ffn_decode_reference(x, *w, block)
     logits = (x @ w[0].T) @ w[1].T + w[2]
-    rows = (logits.view(5, -1, block).argmax(-1) + torch.arange(d_ff // block) * block).view(-1)
-    keep = torch.zeros(d_ff, dtype=torch.bool)
+    rows = (logits.view(5, -1, block).argmax(-1) + torch.arange(d_ff // block, device=device) * block).view(-1)
+    keep = torch.zeros(d_ff, dtype=torch.bool, device=device)
     keep[rows] = True
     w[3][~keep] = float("nan")
     w[4][~keep] = float("nan")
     torch.testing.assert_close(torch.ops.fairseq_ext.sparse_ffn_decode(x, *w, block), expect, rtol=2e-5, atol=2e-5)
 
 
-def test_sparse_ffn_decode_clear_errors():
-    w = _weights(16, 64, 8, 8, torch.float32, seed=2)
+@pytest.mark.parametrize("device", DEVICES)
+def test_sparse_ffn_decode_ties_and_nan_logits_choose_as_argmax(device):
+    """First maximum on ties, NaN beats every number (torch.argmax's rule), on every device."""
+    d, d_ff, block = 8, 32, 8
+    w = _weights(d, d_ff, block, 4, torch.float64, seed=4, device=device)
+    w[1].zero_()  # logits = controller bias alone
+    w[2].copy_(torch.tensor([1., 3, 3, 0, 0, 0, 0, 0, 5, 1, float("nan"), 2, float("nan"), 0, 0, 0,
+                             0, 0, 0, 0, 0, 0, 0, 0, -1, -1, -1, -1, -1, -1, -1, -1], dtype=torch.float64))
+    x = torch.randn(3, d, dtype=torch.float64).to(device)
+    torch.testing.assert_close(torch.ops.fairseq_ext.sparse_ffn_decode(x, *w, block),
+                               sparse_ffn_decode_reference(x, *w, block), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_sparse_ffn_decode_clear_errors(device):
+    w = _weights(16, 64, 8, 8, torch.float32, seed=2, device=device)
     with pytest.raises(RuntimeError, match="block_size 7 must divide d_ff 64"):
-        torch.ops.fairseq_ext.sparse_ffn_decode(torch.randn(2, 16), *w, 7)
+        torch.ops.fairseq_ext.sparse_ffn_decode(torch.randn(2, 16, device=device), *w, 7)
     with pytest.raises(RuntimeError, match="W1 must be"):
-        torch.ops.fairseq_ext.sparse_ffn_decode(torch.randn(2, 15), *w, 8)
+        torch.ops.fairseq_ext.sparse_ffn_decode(torch.randn(2, 15, device=device), *w, 8)
 
 
-def test_sparse_ffn_decode_opcheck():
-    w = _weights(24, 96, 8, 12, torch.float32, seed=3)
-    torch.library.opcheck(torch.ops.fairseq_ext.sparse_ffn_decode.default, (torch.randn(3, 24), *w, 8))
+@pytest.mark.parametrize("device", DEVICES)
+def test_sparse_ffn_decode_opcheck(device):
+    w = _weights(24, 96, 8, 12, torch.float32, seed=3, device=device)
+    torch.library.opcheck(torch.ops.fairseq_ext.sparse_ffn_decode.default, (torch.randn(3, 24, device=device), *w, 8))
 
 
-@pytest.mark.parametrize("arch", ["scaling_sparse_tiny", "one_wide_sparse_ffn_tiny"])
-def test_generation_with_kernels_equals_reference(arch, tiny_data, monkeypatch):
-    """Beam search with the kernel (sparse FFNs on <= N tokens) gives the reference path's tokens."""
-    from fairseq.sequence_generator import SequenceGenerator
-    from matrix import build, fixed_batch
+def _nvcc():
+    return shutil.which("nvcc") or next((p for p in ("/usr/local/cuda/bin/nvcc",) if os.path.exists(p)), None)
 
-    from fairseq_ext.modules.sparse_feedforward import SparseFFNInput
 
-    _, task, model, _ = build(tiny_data, arch)
-    model.eval()
-    for m in model.modules():
-        if isinstance(m, SparseFFNInput):
-            m.mode = "gather"  # every step through the kernel (or the reference gather)
-    sample = fixed_batch(task, n=4)
-    gen = SequenceGenerator([model], task.target_dictionary, beam_size=3, max_len_b=12)
-    outs = []
-    for no_kernels in ("1", "0"):
-        monkeypatch.setenv("FAIRSEQ_EXT_NO_KERNELS", no_kernels)
-        with torch.no_grad():
-            outs.append([[h["tokens"].tolist() for h in hyps] for hyps in gen.generate([model], sample)])
-    assert outs[0] == outs[1]
+def test_cuda_sources_compile(tmp_path):
+    """`nvcc -c` every csrc/cuda/*.cu, and `c++ -fsyntax-only` their host sides csrc/cuda/*.cpp, against
+    this torch's headers (CI has nvcc and a CPU torch), so the CUDA build keeps compiling where no GPU
+    runs it. A CPU torch wheel lacks one generated header of c10/cuda (cuda_cmake_macros.h, two macros);
+    the check writes it into a scratch include folder."""
+    if os.environ.get("FAIRSEQ_EXT_NO_NVCC") == "1":
+        pytest.skip("FAIRSEQ_EXT_NO_NVCC=1: this machine has no CUDA compiler")
+    nvcc = _nvcc()
+    assert nvcc, "nvcc not found (PATH, /usr/local/cuda/bin): install the CUDA toolkit or set FAIRSEQ_EXT_NO_NVCC=1"
+    from torch.utils.cpp_extension import include_paths
+
+    extra = tmp_path / "include"
+    macros = "c10/cuda/impl/cuda_cmake_macros.h"
+    if not any(os.path.exists(os.path.join(p, macros)) for p in include_paths()):
+        (extra / os.path.dirname(macros)).mkdir(parents=True)
+        (extra / macros).write_text("#pragma once\n#define C10_CUDA_BUILD_SHARED_LIBS\n")
+    flags = ["-std=c++17", f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
+             "-DFAIRSEQ_EXT_WITH_CUDA=1", "-I" + os.path.join(REPO, "csrc"), "-I" + str(extra)]
+    flags += ["-I" + p for p in include_paths()]
+    kernels = sorted(glob.glob(os.path.join(REPO, "csrc", "cuda", "*.cu")))
+    hosts = sorted(glob.glob(os.path.join(REPO, "csrc", "cuda", "*.cpp")))
+    assert kernels and hosts, "no CUDA sources found in csrc/cuda"
+    jobs = [[nvcc, "-c", "-O3", "-arch=sm_90", *flags, src, "-o", str(tmp_path / (os.path.basename(src) + ".o"))]
+            for src in kernels]
+    jobs += [[os.environ.get("CXX", "c++"), "-fsyntax-only", *flags, src] for src in hosts]
+    for cmd in jobs:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        assert p.returncode == 0, f"compile failed: {' '.join(cmd[:3])} ... {cmd[-1]}\n{p.stderr[-6000:]}"

@@ -11,6 +11,8 @@
 #include <cmath>
 #include <vector>
 
+#include "sparse_ffn.h"
+
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define FAIRSEQ_EXT_CLONES __attribute__((target_clones("avx2,fma", "default")))
 #else
@@ -18,9 +20,6 @@
 #endif
 
 namespace fairseq_ext {
-
-void check_sparse_ffn_args(const at::Tensor& x, const at::Tensor& c1, const at::Tensor& c2, const at::Tensor& cb,
-                           const at::Tensor& w1, const at::Tensor& w2, const at::Tensor& b2, int64_t block_size);
 
 namespace {
 

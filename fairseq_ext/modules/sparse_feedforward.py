@@ -103,7 +103,7 @@ class SparseFFNInput(nn.Module):
         x2 = x.reshape(-1, x.size(-1))  # (n, d)
         n = x2.size(0)
         self._pending = None
-        if not self.training and self.use_gather(n, kernel=kernel_applies(x2)):
+        if not self.training and self.use_gather(n, kernel=kernel_applies(x2, self.controller1.size(0))):
             # the whole FFN reading only the chosen rows: the csrc kernel, or its PyTorch reference
             out = self._output
             self._pending = sparse_ffn_decode(x2, self.controller1, self.controller2, self.controller_bias,

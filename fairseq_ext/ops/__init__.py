@@ -6,6 +6,8 @@ force the references even when the extension is built.
 """
 import os
 
+import torch  # noqa: F401  (loads libc10/libtorch, which fairseq_ext._C links against)
+
 try:
     from .. import _C  # noqa: F401  (loading it registers torch.ops.fairseq_ext.*)
 except ImportError as e:  # built without the extension, or the build failed: references only
@@ -23,6 +25,14 @@ def extension_loaded():
 def kernels_enabled():
     """Whether models should call the compiled ops (extension present and not disabled by env)."""
     return _C is not None and os.environ.get("FAIRSEQ_EXT_NO_KERNELS", "0") != "1"
+
+
+def has_kernel(op, device_type):
+    """Whether torch.ops.fairseq_ext.<op> has a compiled implementation for this device type
+    ("cpu", "cuda"): the CUDA kernels exist only in builds against a CUDA torch."""
+    if _C is None:
+        return False
+    return torch._C._dispatch_has_kernel_for_dispatch_key(f"fairseq_ext::{op}", device_type.upper())
 
 
 def build_info():

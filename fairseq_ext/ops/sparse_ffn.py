@@ -1,5 +1,6 @@
 """sparse_ffn_decode: the top-1-of-N sparse FFN (Scaling Transformers §3.1) for a few tokens, reading
-only the chosen row of W1 and of W2 per block (kernel: csrc/sparse_ffn.cpp, csrc/cpu/sparse_ffn.cpp).
+only the chosen row of W1 and of W2 per block (kernels: csrc/sparse_ffn.cpp, csrc/cpu/sparse_ffn.cpp,
+csrc/cuda/sparse_ffn.cu).
 
     y = sparse_ffn_decode(x, c1, c2, cb, w1, w2, b2, block_size)     x: (n, d) -> y: (n, d)
 
@@ -9,7 +10,11 @@ hidden unit; b2: (d). `sparse_ffn_decode_reference` is the PyTorch spec and the 
 import torch
 import torch.nn.functional as F
 
-from . import kernels_enabled
+from . import has_kernel, kernels_enabled
+
+# dtypes each compiled implementation takes (csrc/cpu/sparse_ffn.cpp, csrc/cuda/sparse_ffn.cu)
+KERNEL_DTYPES = {"cpu": (torch.float32, torch.float64),
+                 "cuda": (torch.float32, torch.float64, torch.float16, torch.bfloat16)}
 
 
 def sparse_ffn_decode_reference(x, c1, c2, cb, w1, w2, b2, block_size):
@@ -20,15 +25,24 @@ def sparse_ffn_decode_reference(x, c1, c2, cb, w1, w2, b2, block_size):
     return torch.bmm(h.unsqueeze(1), w2.index_select(0, rows.view(-1)).view(n, blocks, -1)).squeeze(1) + b2
 
 
-def kernel_applies(x):
-    """The compiled op serves this call: extension built and enabled, CPU float32/float64, no autograd
-    (the op has no backward: training keeps the PyTorch path)."""
-    return (kernels_enabled() and x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64)
-            and not torch.is_grad_enabled())
+# The CUDA kernel computes each unit's logit with one thread (a serial loop over d_lowrank): faster than
+# the dense FFN up to d_lowrank 256 (H200, d 1024: 1.4-1.9x per call), slower at 768 (one_wide widths:
+# 0.56x). Above this the model keeps its dense path on CUDA (docs/benchmarks/sparse_ffn_speed_cuda*.md).
+CUDA_MAX_LOWRANK = 512
+
+
+def kernel_applies(x, lowrank=0):
+    """The compiled op serves this call: extension built and enabled with a kernel for x's device
+    (CUDA only in builds against a CUDA torch), a dtype that kernel takes, no autograd (the op has no
+    backward: training keeps the PyTorch path); on CUDA, a controller rank (C1's rows) it is fast for."""
+    if x.device.type == "cuda" and lowrank > CUDA_MAX_LOWRANK:
+        return False
+    return (kernels_enabled() and x.dtype in KERNEL_DTYPES.get(x.device.type, ()) and not torch.is_grad_enabled()
+            and has_kernel("sparse_ffn_decode", x.device.type))
 
 
 def sparse_ffn_decode(x, c1, c2, cb, w1, w2, b2, block_size):
-    if kernel_applies(x):
+    if kernel_applies(x, c1.size(0)):
         return torch.ops.fairseq_ext.sparse_ffn_decode(x, c1, c2, cb, w1, w2, b2, block_size)
     return sparse_ffn_decode_reference(x, c1, c2, cb, w1, w2, b2, block_size)
 
