@@ -62,17 +62,21 @@ def test_matches_unfused_equations(mode, d, heads, dv, t, s):
 
 
 def test_incremental_steps_equal_full_and_cache_grows_by_one():
+    """Each decoding step equals the full forward; the decoder cache holds one more position per step in
+    a preallocated buffer that doubles when full (16, then 32 at step 17)."""
     torch.manual_seed(0)
     m = CompressedAttention(16, 2, 24).eval()
-    x, h = torch.randn(4, 2, 16), torch.randn(5, 2, 16)
+    steps = 20
+    x, h = torch.randn(steps, 2, 16), torch.randn(5, 2, 16)
     pad = torch.zeros(2, 5, dtype=torch.bool)
     pad[0, :2] = True
-    causal = torch.triu(torch.full((4, 4), float("-inf")), 1)
+    causal = torch.triu(torch.full((steps, steps), float("-inf")), 1)
     state = {}
     with torch.no_grad():
         full = m(x, h, pad, self_attn_mask=causal)
-        for i in range(4):
+        for i in range(steps):
             step = m(x[i:i + 1], h, pad, incremental_state=state)
             assert (step[0] - full[i]).abs().max().item() < 1e-5
             cached = m.get_incremental_state(state, "state")
-            assert cached["self_k"].size(2) == i + 1 and cached["enc_k"].size(2) == 5
+            assert int(cached["self_len"][0]) == i + 1 and cached["enc_k"].size(2) == 5
+            assert cached["self_kbuf"].size(2) == (16 if i < 16 else 32)

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from fairseq_ext import ops
+from fairseq_ext.ops.compressed_attention import compressed_attention_decode_reference
 from fairseq_ext.ops.sparse_ffn import sparse_ffn_decode_reference
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -30,6 +31,8 @@ def test_extension_is_built_and_has_the_ops(device):
     assert ops.extension_loaded(), ops.build_info()
     assert hasattr(torch.ops.fairseq_ext, "sparse_ffn_decode")
     assert ops.has_kernel("sparse_ffn_decode", device), f"no {device} kernel in this build: {ops.build_info()}"
+    if device == "cpu":  # compressed_attention_decode: CPU kernel only so far
+        assert ops.has_kernel("compressed_attention_decode", device), ops.build_info()
 
 
 def _weights(d, d_ff, block, lowrank, dtype, seed, device="cpu"):
@@ -121,6 +124,67 @@ def test_sparse_ffn_decode_opcheck(device):
     torch.library.opcheck(torch.ops.fairseq_ext.sparse_ffn_decode.default, (torch.randn(3, 24, device=device), *w, 8))
 
 
+# compressed_attention_decode (CAN's decoding step): CPU kernel against the reference
+def _can_args(b, h, dh, dvh, src, cap, self_len, d, dtype, seed, pad=()):
+    g = torch.Generator().manual_seed(seed)
+    r = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64).to(dtype)
+    bias = None
+    if pad:  # (row, first padded position): left-aligned sources padded on the right for those rows
+        bias = torch.zeros(b, src, dtype=dtype)
+        for row, start in pad:
+            bias[row, start:] = float("-inf")
+    return [r(b, h, dh) / dh ** 0.5, r(b, h, src, dh), r(b, h, src, dvh), bias, r(b, h, cap, dh), r(b, h, cap, dvh),
+            self_len, r(b, h * dvh), r(d, h * dvh) / (h * dvh) ** 0.5, r(d)]
+
+
+CAN_SHAPES = [  # b, h, dh, dvh, src, cap, self_len, d
+    (1, 1, 8, 16, 1, 1, 1, 8), (3, 2, 12, 20, 7, 9, 7, 24), (5, 4, 10, 6, 33, 40, 33, 40), (2, 3, 16, 24, 0, 8, 5, 48),
+    (4, 2, 8, 12, 13, 16, 1, 16), (3, 5, 7, 9, 5, 64, 37, 35)]
+
+
+@pytest.mark.parametrize("b,h,dh,dvh,src,cap,self_len,d", CAN_SHAPES)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_compressed_attention_decode_equals_reference(b, h, dh, dvh, src, cap, self_len, d, dtype):
+    pad = [(0, max(1, src - 2))] if src > 2 else ()
+    args = _can_args(b, h, dh, dvh, src, cap, self_len, d, dtype, seed=b * 7 + src, pad=pad)
+    out = torch.ops.fairseq_ext.compressed_attention_decode(*args)
+    ref = compressed_attention_decode_reference(*[a.double() if torch.is_tensor(a) else a for a in args])
+    tol = 1e-12 if dtype == torch.float64 else 2e-5
+    torch.testing.assert_close(out.double(), ref, rtol=tol, atol=tol)
+    assert torch.equal(out, torch.ops.fairseq_ext.compressed_attention_decode(*args))  # deterministic
+
+
+def test_compressed_attention_decode_reads_no_padding_and_no_free_cache():
+    """Padded source positions (bias -inf) and cache positions from self_len on are not read: NaN there
+    leaves the output equal to the reference on clean values."""
+    args = _can_args(3, 2, 8, 12, 11, 20, 6, 16, torch.float32, seed=5, pad=[(0, 7), (2, 3)])
+    expect = compressed_attention_decode_reference(*args)
+    k_enc, v_enc, k_self, v_self = (a.clone() for a in (args[1], args[2], args[4], args[5]))
+    for row, start in [(0, 7), (2, 3)]:
+        k_enc[row, :, start:] = float("nan")
+        v_enc[row, :, start:] = float("nan")
+    k_self[:, :, 6:] = float("nan")
+    v_self[:, :, 6:] = float("nan")
+    poisoned = [args[0], k_enc, v_enc, args[3], k_self, v_self, *args[6:]]
+    torch.testing.assert_close(torch.ops.fairseq_ext.compressed_attention_decode(*poisoned), expect,
+                               rtol=2e-5, atol=2e-5)
+
+
+def test_compressed_attention_decode_clear_errors():
+    args = _can_args(2, 2, 8, 12, 5, 6, 3, 16, torch.float32, seed=6)
+    with pytest.raises(RuntimeError, match="self_len 7 must be within the cache capacity 6"):
+        torch.ops.fairseq_ext.compressed_attention_decode(*args[:6], 7, *args[7:])
+    with pytest.raises(RuntimeError, match="W2 must be"):
+        torch.ops.fairseq_ext.compressed_attention_decode(*args[:8], torch.randn(16, 23), args[9])
+    with pytest.raises(RuntimeError, match="all tensors must have q's dtype"):
+        torch.ops.fairseq_ext.compressed_attention_decode(*args[:7], args[7].double(), *args[8:])
+
+
+def test_compressed_attention_decode_opcheck():
+    args = _can_args(3, 2, 8, 12, 5, 8, 4, 16, torch.float32, seed=7, pad=[(1, 3)])
+    torch.library.opcheck(torch.ops.fairseq_ext.compressed_attention_decode.default, tuple(args))
+
+
 def _nvcc():
     return shutil.which("nvcc") or next((p for p in ("/usr/local/cuda/bin/nvcc",) if os.path.exists(p)), None)
 
@@ -153,3 +217,28 @@ def test_cuda_sources_compile(tmp_path):
     for cmd in jobs:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
         assert p.returncode == 0, f"compile failed: {' '.join(cmd[:3])} ... {cmd[-1]}\n{p.stderr[-6000:]}"
+
+
+@pytest.mark.parametrize("arch", ["scaling_sparse_tiny", "one_wide_sparse_ffn_tiny", "can_decoder_tiny",
+                                  "can_decoder_ffn_tiny"])
+def test_generation_with_kernels_equals_reference(arch, tiny_data, monkeypatch):
+    """Beam search with the kernels (sparse FFNs on <= N tokens; CAN's decoding step) gives the
+    reference path's tokens."""
+    from fairseq.sequence_generator import SequenceGenerator
+    from matrix import build, fixed_batch
+
+    from fairseq_ext.modules.sparse_feedforward import SparseFFNInput
+
+    _, task, model, _ = build(tiny_data, arch)
+    model.eval()
+    for m in model.modules():
+        if isinstance(m, SparseFFNInput):
+            m.mode = "gather"  # every step through the kernel (or the reference gather)
+    sample = fixed_batch(task, n=4)
+    gen = SequenceGenerator([model], task.target_dictionary, beam_size=3, max_len_b=12)
+    outs = []
+    for no_kernels in ("1", "0"):
+        monkeypatch.setenv("FAIRSEQ_EXT_NO_KERNELS", no_kernels)
+        with torch.no_grad():
+            outs.append([[h["tokens"].tolist() for h in hyps] for hyps in gen.generate([model], sample)])
+    assert outs[0] == outs[1]

@@ -2,45 +2,20 @@
 // The controller is two small GEMMs (ATen/BLAS). The selected rows are read once each: phase 1 computes
 // h[t,b] (one dot product of length d per token and block, parallel over blocks), phase 2 accumulates
 // y_t over the selected rows of W2 (parallel over chunks of the output dimension, so each thread
-// streams its slice of every selected row). Inner loops are plain loops the compiler vectorises;
-// target_clones adds an AVX2+FMA version picked at run time (x86-64 with GCC), so the binary still runs
-// on any x86-64. Deterministic: fixed summation order, no atomics.
+// streams its slice of every selected row). Inner loops are csrc/cpu/vec.h's dot and axpy (AVX2+FMA
+// clone picked at run time). Deterministic: fixed summation order, no atomics.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
 #include <cmath>
 #include <vector>
 
+#include "cpu/vec.h"
 #include "sparse_ffn.h"
-
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define FAIRSEQ_EXT_CLONES __attribute__((target_clones("avx2,fma", "default")))
-#else
-#define FAIRSEQ_EXT_CLONES
-#endif
 
 namespace fairseq_ext {
 
 namespace {
-
-template <typename T>
-FAIRSEQ_EXT_CLONES T dot(const T* a, const T* b, int64_t n) {
-  T s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-  int64_t i = 0;
-  for (; i + 4 <= n; i += 4) {
-    s0 += a[i] * b[i];
-    s1 += a[i + 1] * b[i + 1];
-    s2 += a[i + 2] * b[i + 2];
-    s3 += a[i + 3] * b[i + 3];
-  }
-  for (; i < n; ++i) s0 += a[i] * b[i];
-  return (s0 + s1) + (s2 + s3);
-}
-
-template <typename T>
-FAIRSEQ_EXT_CLONES void axpy(T alpha, const T* x, T* y, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) y[i] += alpha * x[i];
-}
 
 template <typename T>
 void sparse_ffn_kernel(const T* x, const T* logits, const T* w1, const T* w2, const T* b2, T* y, int64_t n,

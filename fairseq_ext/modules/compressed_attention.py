@@ -10,6 +10,10 @@ and fold into the FFN (ffn=True) or not (ffn=False: values of width d_v followed
 i.e. Eq. 8 with the shared query: "compress attention" of Table 5).
 Incremental decoding: the encoder keys/values are computed at the first step and cached; each step
 appends only the new token's key/value; `reorder_incremental_state` index-selects the cached batch.
+A one-token eval step of the FFN-folded layer (beam search) goes through `_decode_step`: the decoder's
+keys/values live in a preallocated cache that doubles when full (written in place, never concatenated),
+and the attention, the ReLU and the second FFN layer are one call of ops.compressed_attention_decode
+(the csrc kernel when built, else its PyTorch reference).
 """
 import math
 from typing import Dict, Optional
@@ -21,6 +25,7 @@ from fairseq.incremental_decoding_utils import with_incremental_state
 from fairseq.modules.fairseq_dropout import FairseqDropout
 from torch import Tensor, nn
 
+from ..ops.compressed_attention import compressed_attention_decode
 from .kv_cache import append_to_cache
 
 
@@ -54,6 +59,7 @@ class CompressedAttention(nn.Module):
         if encoder_attention:
             self.k_enc = _linear(kdim, embed_dim)
             self.v_enc = _linear(kdim, value_dim, bias=False)  # W~v_enc = W_v·W1
+        self.activation_name = activation_fn
         if ffn:
             self.fc1 = nn.Linear(embed_dim, value_dim)  # X·W1 + b1
             self.fc2 = nn.Linear(value_dim, embed_dim)  # ·W2 + b2
@@ -91,6 +97,8 @@ class CompressedAttention(nn.Module):
         encoder_padding_mask: (B, S) True at padding; self_attn_mask: (T, T) additive causal mask or
         None; self_padding_mask: (B, T) True at padding. Returns (T, B, C)."""
         t, b, _ = x.shape
+        if incremental_state is not None and self._decode_step_applies(x, self_padding_mask, incremental_state):
+            return self._decode_step(x, encoder_out, encoder_padding_mask, incremental_state)
         proj = list(self._x_projections(x))
         q = self._heads(proj.pop(0) * self.scaling, self.head_dim)  # (B, h, T, dh)
         state = self.get_incremental_state(incremental_state, "state") if incremental_state is not None else None
@@ -137,6 +145,59 @@ class CompressedAttention(nn.Module):
             return self.out_proj(ctx)
         h = self.activation_fn(proj.pop(0) + ctx)  # ReLU(X·W1 + A·V~ + b1), Eq. 13
         return self.fc2(self.activation_dropout_module(h))
+
+    def _decode_step_applies(self, x, self_padding_mask, incremental_state):
+        """One token in eval mode through the FFN-folded sub-layer with ReLU, no padding among the
+        decoder's own tokens, and a state this path started (not one of the general path's caches)."""
+        if self.training or x.size(0) != 1 or not self.ffn or self.activation_name != "relu":
+            return False
+        if self_padding_mask is not None and self_padding_mask.any():
+            return False
+        state = self.get_incremental_state(incremental_state, "state")
+        return state is None or "self_k" not in state
+
+    def _decode_step(self, x, encoder_out, encoder_padding_mask, incremental_state):
+        """x: (1, B, C) -> (1, B, C): Eq. 11 + 13 for one decoding step (see the module docstring)."""
+        b, h = x.size(1), self.num_heads
+        proj = [p[0] for p in self._x_projections(x)]  # (B, ·) each
+        q = (proj.pop(0) * self.scaling).view(b, h, self.head_dim)
+        state = self.get_incremental_state(incremental_state, "state") or {}
+        if self.encoder_attention:
+            if "enc_k" not in state:
+                state["enc_k"] = self._heads(self.k_enc(encoder_out), self.head_dim).contiguous()
+                state["enc_v"] = self._heads(self.v_enc(encoder_out), self.value_head_dim).contiguous()
+                if encoder_padding_mask is not None and encoder_padding_mask.any():
+                    state["enc_bias"] = q.new_zeros(b, 1, 1, encoder_padding_mask.size(1)).masked_fill(
+                        encoder_padding_mask.view(b, 1, 1, -1), float("-inf"))
+            k_e, v_e, bias = state["enc_k"], state["enc_v"], state.get("enc_bias")
+            bias = bias.view(b, -1) if bias is not None else None
+        else:
+            k_e, v_e, bias = q.new_zeros(b, h, 0, self.head_dim), q.new_zeros(b, h, 0, self.value_head_dim), None
+        if self.self_attention:
+            k_s, v_s, n = self._cache_append(state, proj.pop(0).view(b, h, self.head_dim),
+                                             proj.pop(0).view(b, h, self.value_head_dim))
+        else:
+            k_s, v_s, n = q.new_zeros(b, h, 0, self.head_dim), q.new_zeros(b, h, 0, self.value_head_dim), 0
+        self.set_incremental_state(incremental_state, "state", state)
+        y = compressed_attention_decode(q, k_e, v_e, bias, k_s, v_s, n, proj.pop(0), self.fc2.weight, self.fc2.bias)
+        return y.unsqueeze(0)
+
+    @staticmethod
+    def _cache_append(state, k, v):
+        """Write this step's key/value (B, H, d) at position n of the preallocated caches (B, H, cap, d),
+        doubling the capacity when full; returns the caches and the new length n + 1."""
+        n = int(state["self_len"][0]) if "self_len" in state else 0
+        if "self_kbuf" not in state or n == state["self_kbuf"].size(2):
+            cap = max(16, 2 * n)
+            for name, new in (("self_kbuf", k), ("self_vbuf", v)):
+                buf = new.new_empty(new.size(0), new.size(1), cap, new.size(2))
+                if n:
+                    buf[:, :, :n] = state[name][:, :, :n]
+                state[name] = buf
+        state["self_kbuf"][:, :, n] = k
+        state["self_vbuf"][:, :, n] = v
+        state["self_len"] = torch.full((k.size(0),), n + 1, dtype=torch.long, device=k.device)
+        return state["self_kbuf"], state["self_vbuf"], n + 1
 
     @torch.jit.export
     def reorder_incremental_state(self, incremental_state: Dict[str, Dict[str, Optional[Tensor]]], new_order: Tensor):

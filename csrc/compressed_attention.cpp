@@ -1,0 +1,62 @@
+// compressed_attention_decode: one decoding step of the Compressed Attention Network's sub-layer
+// (Li et al. 2021, Eq. 11 and 13) after the fused input projection. Schema and argument checks; the CPU
+// kernel is csrc/cpu/compressed_attention.cpp. PyTorch reference: fairseq_ext/ops/compressed_attention.py.
+//
+//   q (B, H, dh), already scaled by dh^-1/2;  encoder keys/values k_enc (B, H, S, dh), v_enc (B, H, S, dvh)
+//   with an additive padding bias enc_bias (B, S) (0 or -inf) or none; the decoder's own keys/values in
+//   a preallocated cache k_self (B, H, cap, dh), v_self (B, H, cap, dvh) of which the first self_len
+//   positions are valid; xw1 = X·W1 + b1 (B, H·dvh); W2 (d, H·dvh) (fc2.weight), b2 (d).
+//   p     = softmax over [q·k_enc + enc_bias ; q·k_self[:self_len]]     (one softmax, Eq. 11)
+//   ctx_h = Σ_j p_j v_j                                                  (values in FFN-hidden space)
+//   y     = ReLU(xw1 + ctx)·W2ᵀ + b2                                      (Eq. 13)
+// Positions with bias -inf and cache positions from self_len on are never read.
+#include <torch/extension.h>
+
+#include "compressed_attention.h"
+
+namespace fairseq_ext {
+
+void check_compressed_attention_args(const at::Tensor& q, const at::Tensor& k_enc, const at::Tensor& v_enc,
+                                     const std::optional<at::Tensor>& enc_bias, const at::Tensor& k_self,
+                                     const at::Tensor& v_self, int64_t self_len, const at::Tensor& xw1,
+                                     const at::Tensor& w2, const at::Tensor& b2) {
+  const char* op = "compressed_attention_decode";
+  TORCH_CHECK(q.dim() == 3, op, ": q must be (batch, heads, head_dim), got ", q.sizes());
+  const auto b = q.size(0), h = q.size(1), dh = q.size(2);
+  TORCH_CHECK(k_enc.dim() == 4 && k_enc.size(0) == b && k_enc.size(1) == h && k_enc.size(3) == dh, op,
+              ": k_enc must be (", b, ", ", h, ", src_len, ", dh, "), got ", k_enc.sizes());
+  const auto s = k_enc.size(2);
+  TORCH_CHECK(v_enc.dim() == 4 && v_enc.size(0) == b && v_enc.size(1) == h && v_enc.size(2) == s, op,
+              ": v_enc must be (", b, ", ", h, ", ", s, ", value_head_dim), got ", v_enc.sizes());
+  const auto dvh = v_enc.size(3);
+  TORCH_CHECK(k_self.dim() == 4 && k_self.size(0) == b && k_self.size(1) == h && k_self.size(3) == dh, op,
+              ": k_self must be (", b, ", ", h, ", capacity, ", dh, "), got ", k_self.sizes());
+  TORCH_CHECK(v_self.dim() == 4 && v_self.size(0) == b && v_self.size(1) == h && v_self.size(2) == k_self.size(2) &&
+              v_self.size(3) == dvh, op, ": v_self must be (", b, ", ", h, ", ", k_self.size(2), ", ", dvh, "), got ",
+              v_self.sizes());
+  TORCH_CHECK(self_len >= 0 && self_len <= k_self.size(2), op, ": self_len ", self_len,
+              " must be within the cache capacity ", k_self.size(2));
+  TORCH_CHECK(s + self_len > 0, op, ": no keys to attend to (src_len 0 and self_len 0)");
+  TORCH_CHECK(xw1.dim() == 2 && xw1.size(0) == b && xw1.size(1) == h * dvh, op, ": xw1 must be (", b, ", ",
+              h * dvh, "), got ", xw1.sizes());
+  TORCH_CHECK(w2.dim() == 2 && w2.size(1) == h * dvh, op, ": W2 must be (d_model, ", h * dvh, "), got ", w2.sizes());
+  TORCH_CHECK(b2.dim() == 1 && b2.size(0) == w2.size(0), op, ": b2 must be (", w2.size(0), "), got ", b2.sizes());
+  std::vector<const at::Tensor*> all = {&k_enc, &v_enc, &k_self, &v_self, &xw1, &w2, &b2};
+  if (enc_bias.has_value()) {
+    TORCH_CHECK(enc_bias->dim() == 2 && enc_bias->size(0) == b && enc_bias->size(1) == s, op,
+                ": enc_bias must be (", b, ", ", s, "), got ", enc_bias->sizes());
+    all.push_back(&*enc_bias);
+  }
+  for (const auto* t : all) {
+    TORCH_CHECK(t->scalar_type() == q.scalar_type(), op, ": all tensors must have q's dtype ", q.scalar_type(),
+                ", got ", t->scalar_type());
+    TORCH_CHECK(t->device() == q.device(), op, ": all tensors must be on q's device");
+  }
+}
+
+}  // namespace fairseq_ext
+
+TORCH_LIBRARY_FRAGMENT(fairseq_ext, m) {
+  m.def("compressed_attention_decode(Tensor q, Tensor k_enc, Tensor v_enc, Tensor? enc_bias, Tensor k_self, "
+        "Tensor v_self, int self_len, Tensor xw1, Tensor w2, Tensor b2) -> Tensor");
+}

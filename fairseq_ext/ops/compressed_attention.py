@@ -1,0 +1,51 @@
+"""compressed_attention_decode: one decoding step of the Compressed Attention Network's sub-layer (Li et
+al. 2021, Eq. 11 and 13) after the fused input projection (kernels: csrc/compressed_attention.cpp,
+csrc/cpu/compressed_attention.cpp).
+
+    y = compressed_attention_decode(q, k_enc, v_enc, enc_bias, k_self, v_self, self_len, xw1, w2, b2)
+
+q: (B, H, dh) scaled query; k_enc, v_enc: (B, H, S, dh / dvh) encoder keys and values (values in the
+FFN-hidden space); enc_bias: (B, S) additive padding bias (0 / -inf) or None; k_self, v_self: (B, H, cap,
+dh / dvh) the decoder's key/value cache of which the first self_len positions are valid; xw1: (B, H·dvh)
+= X·W1 + b1; w2: (d, H·dvh) fc2.weight; b2: (d). Returns ReLU(xw1 + A·V)·W2ᵀ + b2: (B, d), with A one
+softmax over the encoder and decoder keys. `compressed_attention_decode_reference` is the PyTorch spec
+and the fallback.
+"""
+import torch
+import torch.nn.functional as F
+
+from . import has_kernel, kernels_enabled
+
+
+def compressed_attention_decode_reference(q, k_enc, v_enc, enc_bias, k_self, v_self, self_len, xw1, w2, b2):
+    k_s, v_s = k_self[:, :, :self_len], v_self[:, :, :self_len]
+    s_enc = torch.einsum("bhd,bhsd->bhs", q, k_enc)
+    if enc_bias is not None:
+        s_enc = s_enc + enc_bias.unsqueeze(1)
+    scores = torch.cat([s_enc, torch.einsum("bhd,bhsd->bhs", q, k_s)], dim=-1)  # Eq. 11: one softmax
+    p_enc, p_self = torch.softmax(scores, dim=-1).split([k_enc.size(2), self_len], dim=-1)
+    ctx = torch.einsum("bhs,bhsv->bhv", p_enc, v_enc) + torch.einsum("bhs,bhsv->bhv", p_self, v_s)
+    return F.linear(F.relu(xw1 + ctx.reshape(xw1.shape)), w2, b2)  # Eq. 13
+
+
+def kernel_applies(q):
+    """The compiled op serves this call: extension built and enabled with a kernel for q's device, CPU
+    float32/float64, no autograd (the op has no backward)."""
+    return (kernels_enabled() and q.dtype in (torch.float32, torch.float64) and not torch.is_grad_enabled()
+            and has_kernel("compressed_attention_decode", q.device.type))
+
+
+def compressed_attention_decode(q, k_enc, v_enc, enc_bias, k_self, v_self, self_len, xw1, w2, b2):
+    if kernel_applies(q):
+        return torch.ops.fairseq_ext.compressed_attention_decode(q, k_enc, v_enc, enc_bias, k_self, v_self,
+                                                                  self_len, xw1, w2, b2)
+    return compressed_attention_decode_reference(q, k_enc, v_enc, enc_bias, k_self, v_self, self_len, xw1, w2, b2)
+
+
+if hasattr(torch.library, "register_fake"):
+    try:
+        @torch.library.register_fake("fairseq_ext::compressed_attention_decode")
+        def _compressed_attention_decode_fake(q, k_enc, v_enc, enc_bias, k_self, v_self, self_len, xw1, w2, b2):
+            return q.new_empty(q.size(0), w2.size(0))
+    except (RuntimeError, ValueError):  # extension not loaded (no such op), or registered already
+        pass
