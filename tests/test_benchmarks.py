@@ -91,3 +91,14 @@ def test_sparse_ffn_speed_quick(tmp_path):
     r = json.loads((tmp_path / "s.json").read_text())
     assert [(row["block_size"], row["tokens"]) for row in r["rows"]] == [(16, 1), (16, 5)]
     assert set(r["rows"][0]["speed_vs_dense"]) == {"gather (PyTorch)", "kernel"}
+
+
+def test_can_step_speed_quick(tmp_path, monkeypatch):
+    import can_step_speed
+
+    monkeypatch.delenv("FAIRSEQ_EXT_NO_KERNELS", raising=False)
+    can_step_speed.main(["--quick", "--out-dir", str(tmp_path), "--name", "c"])
+    r = json.loads((tmp_path / "c.json").read_text())
+    assert set(r["us_per_step"]) == {"general", "reference", "kernel"}
+    assert set(r["speed_vs_general"]) == {"reference", "kernel"} and r["us_per_step"]["kernel"] > 0
+    assert "FAIRSEQ_EXT_NO_KERNELS" not in os.environ  # the benchmark restores the environment
