@@ -2,7 +2,8 @@
 # The CUDA checks of csrc/ on a GPU machine, as one script (a GPU lease is short):
 #   1. build fairseq_ext._C in place against that machine's CUDA torch (CPU + CUDA kernels);
 #   2. the kernel tests on CUDA (tests/test_kernels.py -k cuda: reference comparisons over odd shapes,
-#      float16/bfloat16, NaN-poisoned rows, ties/NaN choices, determinism, opcheck);
+#      float16/bfloat16, NaN-poisoned rows / padding / free cache, ties/NaN choices, determinism, opcheck;
+#      sparse_ffn_decode and compressed_attention_decode);
 #   3. compute-sanitizer memcheck over the CUDA op on odd shapes (where the runtime supports it);
 #   4. the op benchmarks on the GPU (sparse_ffn_decode vs the dense FFN, ratios in one run).
 # Usage: scripts/gpu_check.sh OUT_DIR   (results: OUT_DIR/*.json, *.md, logs)
@@ -69,6 +70,12 @@ for d, dff, n, t in [(40, 120, 12, 3), (136, 408, 136, 6), (33, 66, 1, 64), (100
     w = [g(max(1, dff // n), d), g(dff, max(1, dff // n)), g(dff), g(dff, d), g(dff, d), g(d)]
     x = g(t, d)
     torch.testing.assert_close(torch.ops.fairseq_ext.sparse_ffn_decode(x, *w, n), ref(x, *w, n), rtol=1e-4, atol=1e-4)
+from fairseq_ext.ops.compressed_attention import compressed_attention_decode_reference as can_ref
+for b, h, dh, dvh, src, cap, n, d in [(3, 2, 12, 20, 7, 9, 7, 24), (5, 5, 7, 9, 33, 64, 37, 35), (1, 8, 64, 256, 30, 64, 40, 512)]:
+    g = lambda *s: torch.randn(*s, device='cuda')
+    bias = torch.zeros(b, src, device='cuda'); bias[0, src // 2:] = float('-inf')
+    a = [g(b, h, dh), g(b, h, src, dh), g(b, h, src, dvh), bias, g(b, h, cap, dh), g(b, h, cap, dvh), n, g(b, h * dvh), g(d, h * dvh), g(d)]
+    torch.testing.assert_close(torch.ops.fairseq_ext.compressed_attention_decode(*a), can_ref(*a), rtol=1e-4, atol=1e-3)
 torch.cuda.synchronize(); print('memcheck shapes done')
 " 2>&1 | tail -8
   [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "memcheck: FAILED or unsupported (see log)"; }

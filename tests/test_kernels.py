@@ -31,8 +31,7 @@ def test_extension_is_built_and_has_the_ops(device):
     assert ops.extension_loaded(), ops.build_info()
     assert hasattr(torch.ops.fairseq_ext, "sparse_ffn_decode")
     assert ops.has_kernel("sparse_ffn_decode", device), f"no {device} kernel in this build: {ops.build_info()}"
-    if device == "cpu":  # compressed_attention_decode: CPU kernel only so far
-        assert ops.has_kernel("compressed_attention_decode", device), ops.build_info()
+    assert ops.has_kernel("compressed_attention_decode", device), ops.build_info()
 
 
 def _weights(d, d_ff, block, lowrank, dtype, seed, device="cpu"):
@@ -124,8 +123,8 @@ def test_sparse_ffn_decode_opcheck(device):
     torch.library.opcheck(torch.ops.fairseq_ext.sparse_ffn_decode.default, (torch.randn(3, 24, device=device), *w, 8))
 
 
-# compressed_attention_decode (CAN's decoding step): CPU kernel against the reference
-def _can_args(b, h, dh, dvh, src, cap, self_len, d, dtype, seed, pad=()):
+# compressed_attention_decode (CAN's decoding step): kernels against the reference
+def _can_args(b, h, dh, dvh, src, cap, self_len, d, dtype, seed, pad=(), device="cpu"):
     g = torch.Generator().manual_seed(seed)
     r = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64).to(dtype)
     bias = None
@@ -133,8 +132,9 @@ def _can_args(b, h, dh, dvh, src, cap, self_len, d, dtype, seed, pad=()):
         bias = torch.zeros(b, src, dtype=dtype)
         for row, start in pad:
             bias[row, start:] = float("-inf")
-    return [r(b, h, dh) / dh ** 0.5, r(b, h, src, dh), r(b, h, src, dvh), bias, r(b, h, cap, dh), r(b, h, cap, dvh),
+    args = [r(b, h, dh) / dh ** 0.5, r(b, h, src, dh), r(b, h, src, dvh), bias, r(b, h, cap, dh), r(b, h, cap, dvh),
             self_len, r(b, h * dvh), r(d, h * dvh) / (h * dvh) ** 0.5, r(d)]
+    return [a.to(device) if torch.is_tensor(a) else a for a in args]
 
 
 CAN_SHAPES = [  # b, h, dh, dvh, src, cap, self_len, d
@@ -142,22 +142,28 @@ CAN_SHAPES = [  # b, h, dh, dvh, src, cap, self_len, d
     (4, 2, 8, 12, 13, 16, 1, 16), (3, 5, 7, 9, 5, 64, 37, 35)]
 
 
+# (device, dtype): the CPU kernel takes float32/float64 (its TORCH_CHECK is tested below), CUDA also halves
+CAN_CASES = [(dev, dt) for dev in DEVICES
+             for dt in [torch.float64, torch.float32] + ([torch.float16, torch.bfloat16] if dev == "cuda" else [])]
+
+
 @pytest.mark.parametrize("b,h,dh,dvh,src,cap,self_len,d", CAN_SHAPES)
-@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-def test_compressed_attention_decode_equals_reference(b, h, dh, dvh, src, cap, self_len, d, dtype):
+@pytest.mark.parametrize("device,dtype", CAN_CASES)
+def test_compressed_attention_decode_equals_reference(b, h, dh, dvh, src, cap, self_len, d, device, dtype):
     pad = [(0, max(1, src - 2))] if src > 2 else ()
-    args = _can_args(b, h, dh, dvh, src, cap, self_len, d, dtype, seed=b * 7 + src, pad=pad)
+    args = _can_args(b, h, dh, dvh, src, cap, self_len, d, dtype, seed=b * 7 + src, pad=pad, device=device)
     out = torch.ops.fairseq_ext.compressed_attention_decode(*args)
     ref = compressed_attention_decode_reference(*[a.double() if torch.is_tensor(a) else a for a in args])
-    tol = 1e-12 if dtype == torch.float64 else 2e-5
+    tol = {torch.float64: 1e-12, torch.float32: 2e-5, torch.float16: 2e-2, torch.bfloat16: 6e-2}[dtype]
     torch.testing.assert_close(out.double(), ref, rtol=tol, atol=tol)
     assert torch.equal(out, torch.ops.fairseq_ext.compressed_attention_decode(*args))  # deterministic
 
 
-def test_compressed_attention_decode_reads_no_padding_and_no_free_cache():
+@pytest.mark.parametrize("device", DEVICES)
+def test_compressed_attention_decode_reads_no_padding_and_no_free_cache(device):
     """Padded source positions (bias -inf) and cache positions from self_len on are not read: NaN there
     leaves the output equal to the reference on clean values."""
-    args = _can_args(3, 2, 8, 12, 11, 20, 6, 16, torch.float32, seed=5, pad=[(0, 7), (2, 3)])
+    args = _can_args(3, 2, 8, 12, 11, 20, 6, 16, torch.float32, seed=5, pad=[(0, 7), (2, 3)], device=device)
     expect = compressed_attention_decode_reference(*args)
     k_enc, v_enc, k_self, v_self = (a.clone() for a in (args[1], args[2], args[4], args[5]))
     for row, start in [(0, 7), (2, 3)]:
@@ -170,18 +176,24 @@ def test_compressed_attention_decode_reads_no_padding_and_no_free_cache():
                                rtol=2e-5, atol=2e-5)
 
 
-def test_compressed_attention_decode_clear_errors():
-    args = _can_args(2, 2, 8, 12, 5, 6, 3, 16, torch.float32, seed=6)
+@pytest.mark.parametrize("device", DEVICES)
+def test_compressed_attention_decode_clear_errors(device):
+    args = _can_args(2, 2, 8, 12, 5, 6, 3, 16, torch.float32, seed=6, device=device)
     with pytest.raises(RuntimeError, match="self_len 7 must be within the cache capacity 6"):
         torch.ops.fairseq_ext.compressed_attention_decode(*args[:6], 7, *args[7:])
     with pytest.raises(RuntimeError, match="W2 must be"):
-        torch.ops.fairseq_ext.compressed_attention_decode(*args[:8], torch.randn(16, 23), args[9])
+        torch.ops.fairseq_ext.compressed_attention_decode(*args[:8], torch.randn(16, 23, device=device), args[9])
     with pytest.raises(RuntimeError, match="all tensors must have q's dtype"):
         torch.ops.fairseq_ext.compressed_attention_decode(*args[:7], args[7].double(), *args[8:])
+    if device == "cpu":
+        half = [a.half() if torch.is_tensor(a) else a for a in args]
+        with pytest.raises(RuntimeError, match="float32 or float64"):
+            torch.ops.fairseq_ext.compressed_attention_decode(*half)
 
 
-def test_compressed_attention_decode_opcheck():
-    args = _can_args(3, 2, 8, 12, 5, 8, 4, 16, torch.float32, seed=7, pad=[(1, 3)])
+@pytest.mark.parametrize("device", DEVICES)
+def test_compressed_attention_decode_opcheck(device):
+    args = _can_args(3, 2, 8, 12, 5, 8, 4, 16, torch.float32, seed=7, pad=[(1, 3)], device=device)
     torch.library.opcheck(torch.ops.fairseq_ext.compressed_attention_decode.default, tuple(args))
 
 
@@ -214,9 +226,10 @@ def test_cuda_sources_compile(tmp_path):
     jobs = [[nvcc, "-c", "-O3", "-arch=sm_90", *flags, src, "-o", str(tmp_path / (os.path.basename(src) + ".o"))]
             for src in kernels]
     jobs += [[os.environ.get("CXX", "c++"), "-fsyntax-only", *flags, src] for src in hosts]
-    for cmd in jobs:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-        assert p.returncode == 0, f"compile failed: {' '.join(cmd[:3])} ... {cmd[-1]}\n{p.stderr[-6000:]}"
+    procs = [(cmd, subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)) for cmd in jobs]
+    for cmd, p in procs:  # all at once: CI's two cores compile two files at a time
+        _, err = p.communicate(timeout=900)
+        assert p.returncode == 0, f"compile failed: {' '.join(cmd[:3])} ... {cmd[-1]}\n{err[-6000:]}"
 
 
 @pytest.mark.parametrize("arch", ["scaling_sparse_tiny", "one_wide_sparse_ffn_tiny", "can_decoder_tiny",

@@ -1,6 +1,6 @@
 """compressed_attention_decode: one decoding step of the Compressed Attention Network's sub-layer (Li et
 al. 2021, Eq. 11 and 13) after the fused input projection (kernels: csrc/compressed_attention.cpp,
-csrc/cpu/compressed_attention.cpp).
+csrc/cpu/compressed_attention.cpp, csrc/cuda/compressed_attention{.cu,_host.cpp}).
 
     y = compressed_attention_decode(q, k_enc, v_enc, enc_bias, k_self, v_self, self_len, xw1, w2, b2)
 
@@ -28,11 +28,17 @@ def compressed_attention_decode_reference(q, k_enc, v_enc, enc_bias, k_self, v_s
     return F.linear(F.relu(xw1 + ctx.reshape(xw1.shape)), w2, b2)  # Eq. 13
 
 
+# Devices whose kernel has passed tests/test_kernels.py on real hardware. The CUDA kernel compiles (CI's
+# nvcc check) but has not run on a GPU yet: models keep the PyTorch reference on CUDA until
+# scripts/gpu_check.sh passes there; then add "cuda" (dtypes: float32, float64, float16, bfloat16).
+VERIFIED_DEVICES = ("cpu",)
+
+
 def kernel_applies(q):
-    """The compiled op serves this call: extension built and enabled with a kernel for q's device, CPU
-    float32/float64, no autograd (the op has no backward)."""
-    return (kernels_enabled() and q.dtype in (torch.float32, torch.float64) and not torch.is_grad_enabled()
-            and has_kernel("compressed_attention_decode", q.device.type))
+    """The compiled op serves this call: extension built and enabled with a verified kernel for q's
+    device, float32/float64, no autograd (the op has no backward)."""
+    return (kernels_enabled() and q.device.type in VERIFIED_DEVICES and q.dtype in (torch.float32, torch.float64)
+            and not torch.is_grad_enabled() and has_kernel("compressed_attention_decode", q.device.type))
 
 
 def compressed_attention_decode(q, k_enc, v_enc, enc_bias, k_self, v_self, self_len, xw1, w2, b2):
