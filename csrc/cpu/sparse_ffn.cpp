@@ -1,6 +1,8 @@
 // CPU kernel of sparse_ffn_decode (schema and maths: csrc/sparse_ffn.cpp).
-// The controller is two small GEMMs (ATen/BLAS). The selected rows are read once each: phase 1 computes
-// h[t,b] (one dot product of length d per token and block, parallel over blocks), phase 2 accumulates
+// The controller is fused: z = x·C1ᵀ in one parallel pass, then phase 1, parallel over blocks, scores the
+// block's N units for every token from z and the block's rows of C2, takes each token's argmax and
+// h[t,b] (one dot product of length d with the chosen W1 row) — so C2, the largest read at N >= 64,
+// streams once on every thread instead of inside small GEMM calls. Phase 2 accumulates
 // y_t over the selected rows of W2 (parallel over chunks of the output dimension, so each thread
 // streams its slice of every selected row). Inner loops are csrc/cpu/vec.h's dot and axpy (AVX2+FMA
 // clone picked at run time). Deterministic: fixed summation order, no atomics.
@@ -18,23 +20,43 @@ namespace fairseq_ext {
 namespace {
 
 template <typename T>
-void sparse_ffn_kernel(const T* x, const T* logits, const T* w1, const T* w2, const T* b2, T* y, int64_t n,
-                       int64_t d, int64_t d_ff, int64_t block) {
+void sparse_ffn_kernel(const T* x, const T* c1, const T* c2, const T* cb, const T* w1, const T* w2, const T* b2, T* y,
+                       int64_t n, int64_t d, int64_t d_ff, int64_t lowrank, int64_t block) {
   const int64_t blocks = d_ff / block;
   std::vector<int64_t> rows(n * blocks);
-  std::vector<T> h(n * blocks);
-  // phase 1: choice per block (first maximum; NaN wins, as torch.argmax) and h = ReLU(x · W1[row])
-  at::parallel_for(0, n * blocks, 64, [&](int64_t begin, int64_t end) {
-    for (int64_t tb = begin; tb < end; ++tb) {
-      const int64_t t = tb / blocks, b = tb % blocks;
-      const T* l = logits + t * d_ff + b * block;
-      int64_t best = 0;
-      for (int64_t j = 1; j < block && !std::isnan(l[best]); ++j)
-        if (std::isnan(l[j]) || l[j] > l[best]) best = j;
-      const int64_t row = b * block + best;
-      rows[tb] = row;
-      const T v = dot(x + t * d, w1 + row * d, d);
-      h[tb] = v > T(0) ? v : T(0);
+  std::vector<T> h(n * blocks), z(n * lowrank);
+  // controller, first factor: z = x·C1ᵀ (n, d_lowrank), parallel over C1's rows, each row read once for
+  // all tokens
+  at::parallel_for(0, lowrank, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r)
+      for (int64_t t = 0; t < n; ++t) z[t * lowrank + r] = dot(x + t * d, c1 + r * d, d);
+  });
+  // phase 1, parallel over blocks of N units: each unit's C2 row is read once and scored for every token
+  // (z_t·C2[j] + c[j]); then per token the choice (first maximum; NaN wins, as torch.argmax) and
+  // h = ReLU(x_t · W1[row]). C2, the largest read at N >= 64, streams on every thread.
+  at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
+    std::vector<int64_t> best(n);
+    std::vector<T> best_v(n);
+    for (int64_t b = begin; b < end; ++b) {
+      std::fill(best.begin(), best.end(), -1);
+      for (int64_t j = 0; j < block; ++j) {
+        const int64_t unit = b * block + j;
+        const T* c = c2 + unit * lowrank;
+        for (int64_t t = 0; t < n; ++t) {
+          const T v = dot(z.data() + t * lowrank, c, lowrank) + cb[unit];
+          const T bv = best_v[t];
+          if (best[t] < 0 || (std::isnan(v) && !std::isnan(bv)) || (!std::isnan(bv) && v > bv)) {
+            best[t] = j;
+            best_v[t] = v;
+          }
+        }
+      }
+      for (int64_t t = 0; t < n; ++t) {
+        const int64_t row = b * block + best[t];
+        rows[t * blocks + b] = row;
+        const T v = dot(x + t * d, w1 + row * d, d);
+        h[t * blocks + b] = v > T(0) ? v : T(0);
+      }
     }
   });
   // phase 2: y_t = b2 + Σ_b h[t,b] · W2[row], each thread owning a slice of the output dimension
@@ -60,12 +82,13 @@ at::Tensor sparse_ffn_decode_cpu(const at::Tensor& x, const at::Tensor& c1, cons
   TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kDouble,
               "sparse_ffn_decode (CPU): float32 or float64, got ", x.scalar_type());
   auto xc = x.contiguous(), w1c = w1.contiguous(), w2c = w2.contiguous(), b2c = b2.contiguous();
-  auto logits = at::addmm(cb, at::mm(xc, c1.t()), c2.t()).contiguous();  // (n, d_ff)
+  auto c1c = c1.contiguous(), c2c = c2.contiguous(), cbc = cb.contiguous();
   auto y = at::empty_like(xc);
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "sparse_ffn_decode_cpu", [&] {
-    sparse_ffn_kernel<scalar_t>(xc.data_ptr<scalar_t>(), logits.data_ptr<scalar_t>(), w1c.data_ptr<scalar_t>(),
-                                w2c.data_ptr<scalar_t>(), b2c.data_ptr<scalar_t>(), y.data_ptr<scalar_t>(),
-                                xc.size(0), xc.size(1), w1c.size(0), block_size);
+    sparse_ffn_kernel<scalar_t>(xc.data_ptr<scalar_t>(), c1c.data_ptr<scalar_t>(), c2c.data_ptr<scalar_t>(),
+                                cbc.data_ptr<scalar_t>(), w1c.data_ptr<scalar_t>(), w2c.data_ptr<scalar_t>(),
+                                b2c.data_ptr<scalar_t>(), y.data_ptr<scalar_t>(), xc.size(0), xc.size(1), w1c.size(0),
+                                c1c.size(0), block_size);
   });
   return y;
 }
