@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..ops.sparse_ffn import kernel_applies, sparse_ffn_decode
+from .reversible import decision
 
 MODES = ("auto", "dense", "gather")
 
@@ -113,7 +114,8 @@ class SparseFFNInput(nn.Module):
         if self.training:
             log_p = F.log_softmax(logits.float(), dim=-1)
             u = torch.rand_like(log_p).clamp_(1e-6, 1 - 1e-6)
-            choice = (log_p - self.temperature * torch.log(-torch.log(u))).argmax(-1)  # Gumbel-max
+            # Gumbel-max; inside a reversible layer the forward pass's choice is replayed (Terraformer §4.2)
+            choice = decision((log_p - self.temperature * torch.log(-torch.log(u))).argmax(-1))
             soft = log_p.exp()
             if torch.rand(()) < self.quant_prob:  # straight-through one-hot (forward), softmax (backward)
                 mask = F.one_hot(choice, self.block_size).to(soft) + soft - soft.detach()
