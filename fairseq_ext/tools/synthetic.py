@@ -1,0 +1,125 @@
+"""The synthetic generalisation tasks of Terraformer (Jaszczur et al. 2021, §4.3, Table 4): copy a decimal
+number, and long addition; train on inputs of at most 128 digits, test on 256-300 digits.
+
+    python -m fairseq_ext.tools.synthetic make --task copy|addition --out DIR [--train 100000]
+        [--valid 1000] [--test 1000] [--max-train-digits 128] [--test-digits 256-300] [--seed 1]
+    python -m fairseq_ext.tools.synthetic score GENERATE_OUT [--json FILE]
+
+`make` writes DIR/{train,valid,test}.{src,tgt}: one example per line, one token per digit separated by
+spaces ("1 2 + 3 4" -> "4 6"), ready for `fairseq-preprocess --joined-dictionary` (a 12-token
+vocabulary). Train and valid take operand lengths uniform in 1..max-train-digits, test in the test
+range (over 2x longer: the out-of-distribution part). For addition each operand has its own length.
+`score` reads fairseq-generate's output (T- and H- lines) and reports exact-sequence accuracy and
+per-token accuracy (position-wise over the reference; a missing or extra position counts as wrong), the
+two figures of the paper's Table 4.
+"""
+import argparse
+import json
+import os
+import random
+import sys
+
+
+def number(rng: random.Random, digits: int) -> str:
+    """A decimal number with exactly `digits` digits (no leading zero unless it is 0)."""
+    if digits == 1:
+        return str(rng.randrange(10))
+    return str(rng.randrange(1, 10)) + "".join(str(rng.randrange(10)) for _ in range(digits - 1))
+
+
+def example(task: str, rng: random.Random, low: int, high: int):
+    """(source, target) strings of one example, operand lengths uniform in [low, high]."""
+    if task == "copy":
+        s = number(rng, rng.randint(low, high))
+        return " ".join(s), " ".join(s)
+    if task == "addition":
+        a, b = number(rng, rng.randint(low, high)), number(rng, rng.randint(low, high))
+        return " ".join(a) + " + " + " ".join(b), " ".join(str(int(a) + int(b)))
+    raise ValueError(f"--task {task!r}: choose copy or addition")
+
+
+def parse_range(text: str):
+    low, _, high = text.partition("-")
+    low, high = int(low), int(high or low)
+    if not 1 <= low <= high:
+        raise ValueError(f"digit range {text!r}: expected LOW-HIGH with 1 <= LOW <= HIGH")
+    return low, high
+
+
+def make(task, out, n_train, n_valid, n_test, max_train_digits, test_digits, seed):
+    if max_train_digits < 1:
+        raise ValueError(f"--max-train-digits {max_train_digits}: must be >= 1")
+    test_low, test_high = parse_range(test_digits)
+    rng = random.Random(seed)
+    os.makedirs(out, exist_ok=True)
+    splits = {"train": (n_train, 1, max_train_digits), "valid": (n_valid, 1, max_train_digits),
+              "test": (n_test, test_low, test_high)}
+    for split, (n, low, high) in splits.items():
+        with open(os.path.join(out, f"{split}.src"), "w") as fs, open(os.path.join(out, f"{split}.tgt"), "w") as ft:
+            for _ in range(n):
+                s, t = example(task, rng, low, high)
+                fs.write(s + "\n")
+                ft.write(t + "\n")
+    return {split: n for split, (n, _, _) in splits.items()}
+
+
+def read_generate(path):
+    """{sample id: (reference tokens, hypothesis tokens)} from fairseq-generate's output."""
+    refs, hyps = {}, {}
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            tag, _, rest = line.rstrip("\n").partition("\t")
+            if tag.startswith("T-"):
+                refs[int(tag[2:])] = rest.split()
+            elif tag.startswith("H-"):
+                hyps[int(tag[2:])] = rest.partition("\t")[2].split()  # H-id <score> <tokens>
+    missing = sorted(set(refs) - set(hyps))
+    if missing:
+        raise ValueError(f"{path}: {len(missing)} references without a hypothesis (e.g. sample {missing[0]})")
+    return {i: (refs[i], hyps[i]) for i in refs}
+
+
+def score(pairs):
+    """Exact-sequence accuracy and per-token accuracy (Table 4's two figures), in percent."""
+    if not pairs:
+        raise ValueError("no examples to score")
+    exact = sum(ref == hyp for ref, hyp in pairs.values())
+    correct = sum(sum(r == h for r, h in zip(ref, hyp)) for ref, hyp in pairs.values())
+    positions = sum(max(len(ref), len(hyp)) for ref, hyp in pairs.values())
+    return {"examples": len(pairs), "sequence_accuracy": 100.0 * exact / len(pairs),
+            "token_accuracy": 100.0 * correct / positions}
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    m = sub.add_parser("make", help="write the task's train/valid/test files")
+    m.add_argument("--task", required=True, choices=["copy", "addition"])
+    m.add_argument("--out", required=True)
+    m.add_argument("--train", type=int, default=100000)
+    m.add_argument("--valid", type=int, default=1000)
+    m.add_argument("--test", type=int, default=1000)
+    m.add_argument("--max-train-digits", type=int, default=128)
+    m.add_argument("--test-digits", default="256-300")
+    m.add_argument("--seed", type=int, default=1)
+    s = sub.add_parser("score", help="sequence and token accuracy of a fairseq-generate output")
+    s.add_argument("generate_out")
+    s.add_argument("--json")
+    a = p.parse_args(argv)
+    try:
+        if a.cmd == "make":
+            counts = make(a.task, a.out, a.train, a.valid, a.test, a.max_train_digits, a.test_digits, a.seed)
+            print(json.dumps(counts))
+            return counts
+        result = score(read_generate(a.generate_out))
+    except ValueError as e:
+        sys.exit(f"synthetic: {e}")
+    print(json.dumps(result))
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(result, f, indent=1)
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,62 @@
+"""Terraformer's synthetic tasks (fairseq_ext/tools/synthetic.py): data and scoring."""
+import random
+
+import pytest
+
+from fairseq_ext.tools import synthetic
+
+
+def _lines(path):
+    with open(path) as f:
+        return [line.rstrip("\n") for line in f]
+
+
+@pytest.mark.parametrize("task", ["copy", "addition"])
+def test_make_writes_correct_examples_in_the_length_ranges(task, tmp_path):
+    counts = synthetic.main(["make", "--task", task, "--out", str(tmp_path), "--train", "300", "--valid", "20",
+                             "--test", "30", "--max-train-digits", "12", "--test-digits", "25-30"])
+    assert counts == {"train": 300, "valid": 20, "test": 30}
+    for split, (low, high) in {"train": (1, 12), "valid": (1, 12), "test": (25, 30)}.items():
+        src, tgt = _lines(tmp_path / f"{split}.src"), _lines(tmp_path / f"{split}.tgt")
+        assert len(src) == len(tgt) == counts[split]
+        for s, t in zip(src, tgt):
+            operands = "".join(s.split()).split("+")
+            assert len(operands) == (1 if task == "copy" else 2)
+            assert all(low <= len(o) <= high and (len(o) == 1 or o[0] != "0") for o in operands)
+            expect = operands[0] if task == "copy" else str(sum(int(o) for o in operands))
+            assert "".join(t.split()) == expect and t == " ".join(expect)
+    lengths = [len("".join(s.split())) for s in _lines(tmp_path / "train.src")]
+    if task == "copy":
+        assert min(lengths) <= 2 and max(lengths) >= 11  # the whole range is used
+
+
+def test_make_is_seeded(tmp_path):
+    for d in ("a", "b"):
+        synthetic.main(["make", "--task", "addition", "--out", str(tmp_path / d), "--train", "5", "--valid", "1",
+                        "--test", "1", "--max-train-digits", "8", "--test-digits", "9-10"])
+    assert _lines(tmp_path / "a" / "train.src") == _lines(tmp_path / "b" / "train.src")
+
+
+def test_score_counts_sequences_and_positions(tmp_path):
+    out = tmp_path / "generate.out"
+    out.write_text("S-0\t1 2 3\nT-0\t1 2 3\nH-0\t-0.1\t1 2 3\n"
+                   "S-1\t4 5\nT-1\t4 5\nH-1\t-0.2\t4 6 7\n"
+                   "S-2\t9\nT-2\t9 9\nH-2\t-0.3\t9\n")
+    r = synthetic.main(["score", str(out), "--json", str(tmp_path / "s.json")])
+    assert r["examples"] == 3
+    assert r["sequence_accuracy"] == pytest.approx(100 / 3)
+    assert r["token_accuracy"] == pytest.approx(100 * (3 + 1 + 1) / (3 + 3 + 2))
+
+
+def test_clear_errors(tmp_path):
+    with pytest.raises(SystemExit, match="digit range '30-20'"):
+        synthetic.main(["make", "--task", "copy", "--out", str(tmp_path), "--test-digits", "30-20"])
+    out = tmp_path / "g.out"
+    out.write_text("T-0\t1\n")
+    with pytest.raises(SystemExit, match="references without a hypothesis"):
+        synthetic.main(["score", str(out)])
+
+
+def test_numbers_have_exactly_the_digits_asked():
+    rng = random.Random(0)
+    assert all(len(synthetic.number(rng, n)) == n for n in range(1, 40))
