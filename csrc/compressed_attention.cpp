@@ -1,6 +1,7 @@
 // compressed_attention_decode: one decoding step of the Compressed Attention Network's sub-layer
-// (Li et al. 2021, Eq. 11 and 13) after the fused input projection. Schema and argument checks; the CPU
-// kernel is csrc/cpu/compressed_attention.cpp. PyTorch reference: fairseq_ext/ops/compressed_attention.py.
+// (Li et al. 2021, Eq. 11 and 13) after the fused input projection. Schema and argument checks; the
+// kernels are csrc/cpu/compressed_attention.cpp and csrc/cuda/compressed_attention{.cu,_host.cpp}.
+// PyTorch reference: fairseq_ext/ops/compressed_attention.py.
 //
 //   q (B, H, dh), already scaled by dh^-1/2;  encoder keys/values k_enc (B, H, S, dh), v_enc (B, H, S, dvh)
 //   with an additive padding bias enc_bias (B, S) (0 or -inf) or none; the decoder's own keys/values in

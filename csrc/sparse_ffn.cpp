@@ -1,6 +1,6 @@
 // sparse_ffn_decode: the top-1-of-N sparse FFN of Scaling Transformers (§3.1) for a few tokens,
-// reading only the chosen row of W1 and of W2 per block. Schema and argument checks; the CPU kernel is
-// csrc/cpu/sparse_ffn.cpp. PyTorch reference: fairseq_ext/ops/sparse_ffn.py.
+// reading only the chosen row of W1 and of W2 per block. Schema and argument checks; the kernels are
+// csrc/cpu/sparse_ffn.cpp and csrc/cuda/sparse_ffn{.cu,_host.cpp}. PyTorch reference: fairseq_ext/ops/sparse_ffn.py.
 //
 //   logits = (x·C1ᵀ)·C2ᵀ + c            (n, d_ff), blocks of N consecutive units
 //   k[t,b] = argmax_j logits[t, b·N + j]  (first maximum; NaN counts as the maximum, as torch.argmax)
