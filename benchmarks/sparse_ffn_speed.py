@@ -1,7 +1,8 @@
 """The top-1-of-N sparse FFN decoding op against the dense FFN of the same width (csrc issue).
 
     python benchmarks/sparse_ffn_speed.py [--d-model 1024] [--d-ff 4096] [--blocks 16,64,128]
-        [--tokens 1,5] [--threads N] [--repeats 20] [--device cpu|cuda] [--dtype float32] [--quick]
+        [--tokens 1,5] [--lowrank R] [--threads N] [--repeats 20] [--device cpu|cuda] [--dtype float32]
+        [--quick]
 
 For each N and token count, interleaved in one process: the dense FFN (ReLU(x·W1ᵀ + b1)·W2ᵀ + b2, two
 torch GEMMs), the PyTorch gather reference (fairseq_ext/ops/sparse_ffn.py, copies the chosen rows) and
@@ -23,7 +24,7 @@ import common  # noqa: E402
 INNER = 50
 
 
-def run(d, d_ff, blocks, tokens_list, repeats, threads, device="cpu", dtype=torch.float32):
+def run(d, d_ff, blocks, tokens_list, repeats, threads, device="cpu", dtype=torch.float32, lowrank=0):
     from fairseq_ext import ops
     from fairseq_ext.ops.sparse_ffn import sparse_ffn_decode_reference
 
@@ -35,6 +36,7 @@ def run(d, d_ff, blocks, tokens_list, repeats, threads, device="cpu", dtype=torc
     bw = common.measure_bandwidth(2048 if device == "cuda" else 256, device=device)
     result = {"kind": "sparse_ffn", "settings": {"d_model": d, "d_ff": d_ff, "repeats": repeats,
                                                  "inner_calls": INNER, "threads": threads, "device": device,
+                                                 "lowrank": lowrank or "d_ff/N",
                                                  "dtype": str(dtype).replace("torch.", "")},
               "machine": common.machine_info(threads, device), "bandwidth_gb_s": bw / 1e9, "rows": []}
     r = lambda *s, scale=1.0: (torch.randn(*s) * scale).to(device=device, dtype=dtype)
@@ -43,8 +45,8 @@ def run(d, d_ff, blocks, tokens_list, repeats, threads, device="cpu", dtype=torc
     w2t = w2.t().contiguous()  # the dense FFN's own layout (nn.Linear: out x in)
     size = w1.element_size()
     for n in blocks:
-        lowrank = d_ff // n
-        c1, c2, cb = r(lowrank, d), r(d_ff, lowrank), r(d_ff)
+        rank = lowrank or d_ff // n
+        c1, c2, cb = r(rank, d), r(d_ff, rank), r(d_ff)
         for tokens in tokens_list:
             x = r(tokens, d)
 
@@ -130,6 +132,8 @@ def main(argv=None):
     p.add_argument("--repeats", type=int, default=20)
     p.add_argument("--device", default="cpu", help="cpu or cuda (needs a build against a CUDA torch)")
     p.add_argument("--dtype", default="float32", choices=["float32", "float64", "float16", "bfloat16"])
+    p.add_argument("--lowrank", type=int, default=0,
+                   help="controller rank d_lowrank (0: d_ff/N, the module's default; one_wide_sparse_ffn_big uses 64)")
     p.add_argument("--quick", action="store_true", help="small sizes, 2 rounds: a smoke run")
     p.add_argument("--name", default="sparse_ffn_speed")
     p.add_argument("--out-dir", default=common.DOCS)
@@ -138,7 +142,7 @@ def main(argv=None):
         a.d_model, a.d_ff, a.blocks, a.tokens, a.repeats = 64, 256, "16", "1,5", 2
     threads = common.set_threads(a.threads)
     result = run(a.d_model, a.d_ff, [int(b) for b in a.blocks.split(",")], [int(t) for t in a.tokens.split(",")],
-                 a.repeats, threads, a.device, getattr(torch, a.dtype))
+                 a.repeats, threads, a.device, getattr(torch, a.dtype), a.lowrank)
     path = common.publish(a.name, result, table(result), a.out_dir)
     print(f"\nwrote {path} (+ .md)")
     return result
