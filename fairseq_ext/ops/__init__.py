@@ -35,5 +35,14 @@ def has_kernel(op, device_type):
     return torch._C._dispatch_has_kernel_for_dispatch_key(f"fairseq_ext::{op}", device_type.upper())
 
 
+def kernel_serves(op, x, dtypes):
+    """Whether a model should call the compiled torch.ops.fairseq_ext.<op> for input `x`: extension built
+    and enabled, a kernel for x's device, a dtype `dtypes` lists for that device ({device type: dtypes};
+    a device left out is not served), and no autograd (the ops have no backward: training keeps the
+    PyTorch path)."""
+    return (kernels_enabled() and x.dtype in dtypes.get(x.device.type, ()) and not torch.is_grad_enabled()
+            and has_kernel(op, x.device.type))
+
+
 def build_info():
     return _C.build_info() if _C is not None else f"extension not loaded ({_IMPORT_ERROR})"

@@ -14,7 +14,7 @@ and the fallback.
 import torch
 import torch.nn.functional as F
 
-from . import has_kernel, kernels_enabled
+from . import kernel_serves
 
 
 def compressed_attention_decode_reference(q, k_enc, v_enc, enc_bias, k_self, v_self, self_len, xw1, w2, b2):
@@ -28,17 +28,16 @@ def compressed_attention_decode_reference(q, k_enc, v_enc, enc_bias, k_self, v_s
     return F.linear(F.relu(xw1 + ctx.reshape(xw1.shape)), w2, b2)  # Eq. 13
 
 
-# Devices whose kernel has passed tests/test_kernels.py on real hardware. The CUDA kernel compiles (CI's
-# nvcc check) but has not run on a GPU yet: models keep the PyTorch reference on CUDA until
-# scripts/gpu_check.sh passes there; then add "cuda" (dtypes: float32, float64, float16, bfloat16).
-VERIFIED_DEVICES = ("cpu",)
+# dtypes models send to each compiled implementation, for the devices whose kernel has passed
+# tests/test_kernels.py on real hardware. The CUDA kernel compiles (CI's nvcc check) but has not run on a
+# GPU yet: models keep the PyTorch reference on CUDA until scripts/gpu_check.sh passes there; then add
+# "cuda": (float32, float64, float16, bfloat16).
+KERNEL_DTYPES = {"cpu": (torch.float32, torch.float64)}
 
 
 def kernel_applies(q):
-    """The compiled op serves this call: extension built and enabled with a verified kernel for q's
-    device, float32/float64, no autograd (the op has no backward)."""
-    return (kernels_enabled() and q.device.type in VERIFIED_DEVICES and q.dtype in (torch.float32, torch.float64)
-            and not torch.is_grad_enabled() and has_kernel("compressed_attention_decode", q.device.type))
+    """The compiled op serves this call (ops.kernel_serves with KERNEL_DTYPES)."""
+    return kernel_serves("compressed_attention_decode", q, KERNEL_DTYPES)
 
 
 def compressed_attention_decode(q, k_enc, v_enc, enc_bias, k_self, v_self, self_len, xw1, w2, b2):

@@ -10,7 +10,7 @@ hidden unit; b2: (d). `sparse_ffn_decode_reference` is the PyTorch spec and the 
 import torch
 import torch.nn.functional as F
 
-from . import has_kernel, kernels_enabled
+from . import kernel_serves
 
 # dtypes each compiled implementation takes (csrc/cpu/sparse_ffn.cpp, csrc/cuda/sparse_ffn.cu)
 KERNEL_DTYPES = {"cpu": (torch.float32, torch.float64),
@@ -32,13 +32,11 @@ CUDA_MAX_LOWRANK = 512
 
 
 def kernel_applies(x, lowrank=0):
-    """The compiled op serves this call: extension built and enabled with a kernel for x's device
-    (CUDA only in builds against a CUDA torch), a dtype that kernel takes, no autograd (the op has no
-    backward: training keeps the PyTorch path); on CUDA, a controller rank (C1's rows) it is fast for."""
+    """The compiled op serves this call (ops.kernel_serves with KERNEL_DTYPES) and, on CUDA, the
+    controller rank (C1's rows) is one it is fast for."""
     if x.device.type == "cuda" and lowrank > CUDA_MAX_LOWRANK:
         return False
-    return (kernels_enabled() and x.dtype in KERNEL_DTYPES.get(x.device.type, ()) and not torch.is_grad_enabled()
-            and has_kernel("sparse_ffn_decode", x.device.type))
+    return kernel_serves("sparse_ffn_decode", x, KERNEL_DTYPES)
 
 
 def sparse_ffn_decode(x, c1, c2, cb, w1, w2, b2, block_size):
