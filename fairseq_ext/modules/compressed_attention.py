@@ -26,7 +26,7 @@ from fairseq.modules.fairseq_dropout import FairseqDropout
 from torch import Tensor, nn
 
 from ..ops.compressed_attention import compressed_attention_decode
-from .kv_cache import append_to_cache
+from .kv_cache import append_to_cache, write_to_cache
 
 
 def _linear(in_dim, out_dim, bias=True):
@@ -105,19 +105,7 @@ class CompressedAttention(nn.Module):
         state = state if state is not None else {}
         scores, values = [], []  # per part: no concatenation of the caches themselves
         if self.encoder_attention:
-            if "enc_k" in state:
-                k_e, v_e, bias_e = state["enc_k"], state["enc_v"], state.get("enc_bias")
-            else:
-                k_e = self._heads(self.k_enc(encoder_out), self.head_dim)
-                v_e = self._heads(self.v_enc(encoder_out), self.value_head_dim)
-                bias_e = None  # additive padding mask, (B, 1, 1, S)
-                if encoder_padding_mask is not None and encoder_padding_mask.any():
-                    bias_e = k_e.new_zeros(b, 1, 1, k_e.size(2)).masked_fill(
-                        encoder_padding_mask.view(b, 1, 1, -1), float("-inf"))
-                if incremental_state is not None:
-                    state.update(enc_k=k_e, enc_v=v_e)
-                    if bias_e is not None:
-                        state["enc_bias"] = bias_e
+            k_e, v_e, bias_e = self._encoder_kv(encoder_out, encoder_padding_mask, state, incremental_state is not None)
             s_e = torch.matmul(q, k_e.transpose(2, 3))
             scores.append(s_e if bias_e is None else s_e + bias_e)
             values.append(v_e)
@@ -146,6 +134,25 @@ class CompressedAttention(nn.Module):
         h = self.activation_fn(proj.pop(0) + ctx)  # ReLU(X·W1 + A·V~ + b1), Eq. 13
         return self.fc2(self.activation_dropout_module(h))
 
+    def _encoder_kv(self, encoder_out, encoder_padding_mask, state, cache):
+        """Encoder keys (B, h, S, dh), values (B, h, S, dv/h) and additive padding bias (B, 1, 1, S) or
+        None; taken from `state` when cached there, else computed (and, with `cache`, stored contiguous:
+        every later decoding step reads them)."""
+        if "enc_k" in state:
+            return state["enc_k"], state["enc_v"], state.get("enc_bias")
+        k = self._heads(self.k_enc(encoder_out), self.head_dim)
+        v = self._heads(self.v_enc(encoder_out), self.value_head_dim)
+        bias = None
+        if encoder_padding_mask is not None and encoder_padding_mask.any():
+            b = encoder_padding_mask.size(0)
+            bias = k.new_zeros(b, 1, 1, k.size(2)).masked_fill(encoder_padding_mask.view(b, 1, 1, -1), float("-inf"))
+        if cache:
+            k, v = k.contiguous(), v.contiguous()
+            state.update(enc_k=k, enc_v=v)
+            if bias is not None:
+                state["enc_bias"] = bias
+        return k, v, bias
+
     def _decode_step_applies(self, x, self_padding_mask, incremental_state):
         """One token in eval mode through the FFN-folded sub-layer with ReLU, no padding among the
         decoder's own tokens, and a state this path started (not one of the general path's caches)."""
@@ -162,42 +169,20 @@ class CompressedAttention(nn.Module):
         proj = [p[0] for p in self._x_projections(x)]  # (B, ·) each
         q = (proj.pop(0) * self.scaling).view(b, h, self.head_dim)
         state = self.get_incremental_state(incremental_state, "state") or {}
+        no_keys = lambda: (q.new_zeros(b, h, 0, self.head_dim), q.new_zeros(b, h, 0, self.value_head_dim))
         if self.encoder_attention:
-            if "enc_k" not in state:
-                state["enc_k"] = self._heads(self.k_enc(encoder_out), self.head_dim).contiguous()
-                state["enc_v"] = self._heads(self.v_enc(encoder_out), self.value_head_dim).contiguous()
-                if encoder_padding_mask is not None and encoder_padding_mask.any():
-                    state["enc_bias"] = q.new_zeros(b, 1, 1, encoder_padding_mask.size(1)).masked_fill(
-                        encoder_padding_mask.view(b, 1, 1, -1), float("-inf"))
-            k_e, v_e, bias = state["enc_k"], state["enc_v"], state.get("enc_bias")
+            k_e, v_e, bias = self._encoder_kv(encoder_out, encoder_padding_mask, state, cache=True)
             bias = bias.view(b, -1) if bias is not None else None
         else:
-            k_e, v_e, bias = q.new_zeros(b, h, 0, self.head_dim), q.new_zeros(b, h, 0, self.value_head_dim), None
+            (k_e, v_e), bias = no_keys(), None
         if self.self_attention:
-            k_s, v_s, n = self._cache_append(state, proj.pop(0).view(b, h, self.head_dim),
-                                             proj.pop(0).view(b, h, self.value_head_dim))
+            k_s, v_s, n = write_to_cache(state, proj.pop(0).view(b, h, self.head_dim),
+                                         proj.pop(0).view(b, h, self.value_head_dim), prefix="self_")
         else:
-            k_s, v_s, n = q.new_zeros(b, h, 0, self.head_dim), q.new_zeros(b, h, 0, self.value_head_dim), 0
+            (k_s, v_s), n = no_keys(), 0
         self.set_incremental_state(incremental_state, "state", state)
         y = compressed_attention_decode(q, k_e, v_e, bias, k_s, v_s, n, proj.pop(0), self.fc2.weight, self.fc2.bias)
         return y.unsqueeze(0)
-
-    @staticmethod
-    def _cache_append(state, k, v):
-        """Write this step's key/value (B, H, d) at position n of the preallocated caches (B, H, cap, d),
-        doubling the capacity when full; returns the caches and the new length n + 1."""
-        n = int(state["self_len"][0]) if "self_len" in state else 0
-        if "self_kbuf" not in state or n == state["self_kbuf"].size(2):
-            cap = max(16, 2 * n)
-            for name, new in (("self_kbuf", k), ("self_vbuf", v)):
-                buf = new.new_empty(new.size(0), new.size(1), cap, new.size(2))
-                if n:
-                    buf[:, :, :n] = state[name][:, :, :n]
-                state[name] = buf
-        state["self_kbuf"][:, :, n] = k
-        state["self_vbuf"][:, :, n] = v
-        state["self_len"] = torch.full((k.size(0),), n + 1, dtype=torch.long, device=k.device)
-        return state["self_kbuf"], state["self_vbuf"], n + 1
 
     @torch.jit.export
     def reorder_incremental_state(self, incremental_state: Dict[str, Dict[str, Optional[Tensor]]], new_order: Tensor):
