@@ -16,18 +16,12 @@
 #include <cmath>
 
 #include "compressed_attention.h"
+#include "cuda/warp.cuh"
 
 namespace fairseq_ext {
 namespace {
 
 constexpr int kThreads = 128;
-constexpr int kWarp = 32;
-
-template <typename acc_t>
-__device__ __forceinline__ acc_t warp_sum(acc_t v) {
-  for (int o = kWarp / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
 
 template <typename scalar_t, typename acc_t>
 __global__ void attend(const scalar_t* __restrict__ q, const scalar_t* __restrict__ k_enc,
@@ -49,9 +43,7 @@ __global__ void attend(const scalar_t* __restrict__ q, const scalar_t* __restric
     acc_t s = neg_inf;
     if (!(bj == neg_inf)) {  // warp-uniform: the whole warp skips a padded position
       const scalar_t* kr = enc ? k_enc + (bh * src + j) * dh : k_self + (bh * cap + (j - src)) * dh;
-      acc_t d = 0;
-      for (int64_t i = lane; i < dh; i += kWarp) d += static_cast<acc_t>(qr[i]) * static_cast<acc_t>(kr[i]);
-      s = warp_sum(d) + bj;
+      s = warp_dot<scalar_t, acc_t>(qr, kr, dh, lane) + bj;
     }
     if (lane == 0) p[j] = s;
   }

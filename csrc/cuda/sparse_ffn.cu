@@ -22,12 +22,12 @@
 #include <ATen/OpMathType.h>
 #include <c10/cuda/CUDAStream.h>
 
+#include "cuda/warp.cuh"
 #include "sparse_ffn.h"
 
 namespace fairseq_ext {
 namespace {
 
-constexpr int kWarp = 32;
 constexpr int kLowrankWarps = 8;  // warps per thread block of controller_lowrank
 constexpr int kChooseThreads = 128;
 constexpr int kColumns = 32;      // output columns per thread block of gather_output (one per lane)
@@ -39,20 +39,6 @@ __device__ __forceinline__ bool better(acc_t a, int ia, acc_t b, int ib) {
   const bool na = isnan(a), nb = isnan(b);
   if (na || nb) return na && (!nb || ia < ib);
   return a > b || (a == b && ia < ib);
-}
-
-template <typename acc_t>
-__device__ __forceinline__ acc_t warp_sum(acc_t v) {
-  for (int o = kWarp / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-
-template <typename scalar_t, typename acc_t>
-__device__ __forceinline__ acc_t warp_dot(const scalar_t* __restrict__ a, const scalar_t* __restrict__ b,
-                                          int64_t len, int lane) {
-  acc_t s = 0;
-  for (int64_t i = lane; i < len; i += kWarp) s += static_cast<acc_t>(a[i]) * static_cast<acc_t>(b[i]);
-  return warp_sum(s);
 }
 
 template <typename scalar_t, typename acc_t>
