@@ -30,8 +30,10 @@ def _common(data, save, arch):
             "--seed", "5", "--log-format", "simple", "--ddp-backend", "legacy_ddp"]
 
 
-# the baseline, a model with a shared (tied) FFN, and the CAN decoder on a shared-FFN encoder
-@pytest.mark.parametrize("arch", ["transformer_balanced_tiny", "one_wide_ffn_shared_enc_dec_tiny", "can_decoder_ffn_tiny"])
+# the baseline, a model with a shared (tied) FFN, the CAN decoder on a shared-FFN encoder, and the
+# Terraformer's reversible layers (dense: the sparse FFN's Gumbel noise differs between 1 and 2 ranks)
+@pytest.mark.parametrize("arch", ["transformer_balanced_tiny", "one_wide_ffn_shared_enc_dec_tiny", "can_decoder_ffn_tiny",
+                                  "terraformer_dense_tiny"])
 def test_two_gloo_ranks_equal_one_process_with_update_freq_2(arch, tiny_data, tmp_path):
     single = tmp_path / "single"
     run(["fairseq-train", *_common(tiny_data, single, arch), "--update-freq", "2"], OMP_NUM_THREADS="1")

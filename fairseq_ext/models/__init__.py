@@ -12,6 +12,7 @@ FAMILIES = [
     "can",  # Compressed Attention Network decoder (+ any One Wide FFN encoder)
     "scaling_sparse",  # Scaling Transformers: sparse FFN, sparse QKV, sparse loss (+ One Wide FFN placement)
     "sas",  # Simplified Transformer blocks: sas_block (translation), SAS / SAS-P language models
+    "terraformer",  # Terraformer: concatenated decoder, reversible layers, SRU (+ the Scaling Transformer parts)
 ]
 
 for _name in FAMILIES:

@@ -36,8 +36,8 @@ BIG_QKV_FFN_DIM = 7040
 BIG_FF_QKV_FFN_DIM = 6656  # the same with the sparse FFN's controller (d_lowrank = d_ff/N) counted
 
 
-def scaling_sparse_defaults(args):
-    one_wide_ffn_defaults(args)
+def sparse_defaults(args):
+    """Unset Scaling Transformer flags: off (0) or None (= the module's default)."""
     args.sparse_ffn_block_size = getattr(args, "sparse_ffn_block_size", None) or 0
     args.sparse_ffn_lowrank = getattr(args, "sparse_ffn_lowrank", None)
     args.sparse_ffn_temperature = getattr(args, "sparse_ffn_temperature", None)
@@ -46,6 +46,11 @@ def scaling_sparse_defaults(args):
     args.sparse_qkv_kernel = getattr(args, "sparse_qkv_kernel", None)
     args.sparse_qkv_module_kernel = getattr(args, "sparse_qkv_module_kernel", None)
     args.sparse_loss = getattr(args, "sparse_loss", None) or 0
+
+
+def scaling_sparse_defaults(args):
+    one_wide_ffn_defaults(args)
+    sparse_defaults(args)
 
 
 def _ffn_widths(args):
@@ -63,13 +68,14 @@ def _ffn_widths(args):
     return widths
 
 
-def validate_sparse_args(args):
-    """Build-time checks of the Scaling Transformer flags (errors name the flags and the fix)."""
+def validate_sparse_args(args, widths=None, require_sparse=True):
+    """Build-time checks of the Scaling Transformer flags (errors name the flags and the fix). `widths`:
+    (width, flag) of every FFN (default: per the One Wide FFN placement flags)."""
     n = args.sparse_ffn_block_size
     if n < 0:
         raise ValueError(f"--sparse-ffn-block-size {n}: use N >= 2 for a sparse FFN, 0 for a dense one")
     if n:
-        for width, flag in _ffn_widths(args):
+        for width, flag in (widths if widths is not None else _ffn_widths(args)):
             check_block_size(width, n, width_flag=flag)
         if getattr(args, "activation_fn", "relu") != "relu":
             raise ValueError(f"--sparse-ffn-block-size needs --activation-fn relu (the controller's mask "
@@ -117,7 +123,7 @@ def validate_sparse_args(args):
         raise ValueError(f"--sparse-loss {args.sparse_loss}: use S >= 2 for a sparse loss layer, 0 for dense")
     if args.sparse_loss and getattr(args, "adaptive_softmax_cutoff", None):
         raise ValueError("--sparse-loss cannot be combined with --adaptive-softmax-cutoff")
-    if not (n or s or args.sparse_loss):
+    if require_sparse and not (n or s or args.sparse_loss):
         raise ValueError("scaling_sparse: nothing is sparse; set --sparse-ffn-block-size, --sparse-qkv-modules "
                          "and/or --sparse-loss (or use a dense arch)")
 
@@ -164,25 +170,7 @@ class ScalingSparseModel(OneWideFFNModel):
     @classmethod
     def add_args(cls, parser):
         super().add_args(parser)
-        g = parser.add_argument_group("Scaling Transformer: sparse FFN, sparse QKV, sparse loss layer")
-        g.add_argument("--sparse-ffn-block-size", type=int, metavar="N",
-                       help="top-1-of-N sparse FFN: one active unit per block of N (0: dense FFN)")
-        g.add_argument("--sparse-ffn-lowrank", type=int, metavar="D",
-                       help="controller bottleneck d_lowrank (default: d_ff / N, as trax)")
-        g.add_argument("--sparse-ffn-temperature", type=float, metavar="T",
-                       help="Gumbel noise temperature of the controller in training (default 0.1)")
-        g.add_argument("--sparse-ffn-quant-prob", type=float, metavar="P",
-                       help="probability per training batch of the straight-through one-hot mask, else the "
-                            "softmax mask (default 0.3)")
-        g.add_argument("--sparse-qkv-modules", type=int, metavar="S",
-                       help="sparse QKV attention with S modules of d/S dims (0: dense; paper: S = heads)")
-        g.add_argument("--sparse-qkv-kernel", type=int, metavar="F",
-                       help="length kernel F of the sparse QKV convolutions (default 3)")
-        g.add_argument("--sparse-qkv-module-kernel", type=int, metavar="K",
-                       help="module kernel of the Q and K convolutions (default 3; V uses 1, as trax)")
-        g.add_argument("--sparse-loss", type=int, metavar="S",
-                       help="output projection as a multiplicative layer with loss sparsity S (0: dense, "
-                            "default; the vocabulary must be divisible by S)")
+        add_sparse_args(parser)
 
     @classmethod
     def build_model(cls, args, task):
@@ -191,6 +179,29 @@ class ScalingSparseModel(OneWideFFNModel):
         model = super().build_model(args, task)
         sparsify(model, args)
         return model
+
+
+def add_sparse_args(parser):
+    """The Scaling Transformer flags (also the Terraformer's)."""
+    g = parser.add_argument_group("Scaling Transformer: sparse FFN, sparse QKV, sparse loss layer")
+    g.add_argument("--sparse-ffn-block-size", type=int, metavar="N",
+                   help="top-1-of-N sparse FFN: one active unit per block of N (0: dense FFN)")
+    g.add_argument("--sparse-ffn-lowrank", type=int, metavar="D",
+                   help="controller bottleneck d_lowrank (default: d_ff / N, as trax)")
+    g.add_argument("--sparse-ffn-temperature", type=float, metavar="T",
+                   help="Gumbel noise temperature of the controller in training (default 0.1)")
+    g.add_argument("--sparse-ffn-quant-prob", type=float, metavar="P",
+                   help="probability per training batch of the straight-through one-hot mask, else the "
+                        "softmax mask (default 0.3)")
+    g.add_argument("--sparse-qkv-modules", type=int, metavar="S",
+                   help="sparse QKV attention with S modules of d/S dims (0: dense; paper: S = heads)")
+    g.add_argument("--sparse-qkv-kernel", type=int, metavar="F",
+                   help="length kernel F of the sparse QKV convolutions (default 3)")
+    g.add_argument("--sparse-qkv-module-kernel", type=int, metavar="K",
+                   help="module kernel of the Q and K convolutions (default 3; V uses 1, as trax)")
+    g.add_argument("--sparse-loss", type=int, metavar="S",
+                   help="output projection as a multiplicative layer with loss sparsity S (0: dense, "
+                        "default; the vocabulary must be divisible by S)")
 
 
 def _sparse_big(args, ffn_dim, block_size, qkv):

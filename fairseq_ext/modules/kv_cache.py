@@ -1,7 +1,8 @@
 """The self-attention key/value caches of incremental decoding, shared by the attention modules of this
 package (compressed, sparse QKV, shaped). `append_to_cache` grows the cache by concatenation, as fairseq's
 own MultiheadAttention does; `write_to_cache` writes one step in place into a preallocated buffer that
-doubles when full (the decoding ops read its valid prefix).
+doubles when full (the decoding ops read its valid prefix). `mask_scores` applies key padding and an additive
+mask for the sparse QKV and Terraformer attentions.
 """
 from typing import Dict, Optional
 
@@ -46,3 +47,25 @@ def write_to_cache(state: Dict[str, Tensor], k: Tensor, v: Tensor, prefix: str =
     state[vk][:, :, n] = v
     state[lk] = torch.full((k.size(0),), n + 1, dtype=torch.long, device=k.device)
     return state[kk], state[vk], n + 1
+
+
+def mask_scores(scores: Tensor, pad: Optional[Tensor], attn_mask: Optional[Tensor]) -> Tensor:
+    """Attention scores (B, H, T, S) of the last T of S positions with key padding (B, S) and an additive
+    mask over all positions (L, L) or None (its last T rows and S columns are used). Padded keys get the
+    dtype's lowest finite value, then the additive mask is added: a query whose allowed keys are all
+    padding (a padded position itself, in a sequence with padding before the real tokens) attends among
+    those instead of producing NaN, and every other query gives exactly zero weight to padding."""
+    if pad is not None and pad.any():
+        lowest = max(torch.finfo(scores.dtype).min, torch.finfo(torch.float32).min)  # finite in a float32 softmax
+        scores = scores.masked_fill(pad.view(pad.size(0), 1, 1, -1).to(torch.bool), lowest)
+    if attn_mask is not None:
+        t, s = scores.shape[-2:]
+        scores = scores + attn_mask[-t:, -s:].to(scores.dtype)
+    return scores
+
+
+def attention_softmax(scores: Tensor) -> Tensor:
+    """Softmax over the keys: in float32 for half-precision scores (as fairseq), in their own dtype
+    otherwise (float64 stays float64, so float64 tests compare at float64 precision)."""
+    half = scores.dtype in (torch.float16, torch.bfloat16)
+    return torch.softmax(scores, dim=-1, dtype=torch.float32 if half else None).type_as(scores)

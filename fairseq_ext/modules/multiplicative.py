@@ -24,12 +24,11 @@ from typing import Dict, Optional
 
 import torch
 import torch.nn.functional as F
-from fairseq import utils
 from fairseq.incremental_decoding_utils import with_incremental_state
 from fairseq.modules.fairseq_dropout import FairseqDropout
 from torch import Tensor, nn
 
-from .kv_cache import append_to_cache
+from .kv_cache import append_to_cache, attention_softmax, mask_scores
 
 
 class MultiplicativeDense(nn.Module):
@@ -166,11 +165,8 @@ class SparseQKVAttention(nn.Module):
             self.set_incremental_state(incremental_state, "state", state)
         q = self._heads(q) * self.scaling  # (B, h, T, dh)
         scores = torch.matmul(q, k.transpose(2, 3))  # (B, h, T, S)
-        if attn_mask is not None:
-            scores = scores + attn_mask[-t:, -k.size(2):].unsqueeze(0).unsqueeze(0).to(scores.dtype)
-        if pad is not None and pad.any():
-            scores = scores.masked_fill(pad.view(b, 1, 1, -1).to(torch.bool), float("-inf"))
-        probs = utils.softmax(scores, dim=-1).type_as(scores)
+        scores = mask_scores(scores, pad, attn_mask)
+        probs = attention_softmax(scores)
         ctx = torch.matmul(self.dropout_module(probs), v)  # (B, h, T, dh)
         out = ctx.permute(2, 0, 1, 3).reshape(t, b, self.embed_dim)  # no output dense layer (§3.2)
         weights = None

@@ -1,0 +1,81 @@
+"""Simple recurrent unit (Lei et al. 2017) and Terraformer's low-rank recurrence (Jaszczur et al. 2021,
+§4.3), as in the official trax code (DESIGN.md §4):
+
+    y_t, f_t, r_t = W x_t + b   split in three; f_t = σ(.), r_t = σ(.)          (SRU Eq. 1-3)
+    c_t = f_t ⊙ c_{t-1} + (1 − f_t) ⊙ y_t                                      (SRU Eq. 4)
+    h_t = r_t ⊙ c_t + (1 − r_t) ⊙ x_t · √3                                     (SRU Eq. 5; trax: no
+                                                                               activation on c, √3 on x)
+    LowRankRecurrence(x) = Up(SRU(Down(LayerNorm(x))))                          (§4.3: d_model -> 32 -> d_model)
+
+The Terraformer adds LowRankRecurrence(x) to its FFN sub-layer's output (trax: Residual(block,
+shortcut=ffn)). Padded positions (a padding mask) leave the state unchanged (f = 1, no input), so a
+sequence gives the same states wherever its padding is, as trax's predict-mode mask does.
+Training runs the c_t recurrence as a loop over time on (batch, width) tensors: the width is small
+(32), so each step is a few cheap elementwise ops; incremental decoding keeps c in the incremental state.
+"""
+import math
+from typing import Dict, Optional
+
+import torch
+from fairseq.incremental_decoding_utils import with_incremental_state
+from fairseq.modules import LayerNorm
+from torch import Tensor, nn
+
+SQRT3 = math.sqrt(3.0)
+
+
+@with_incremental_state
+class SRU(nn.Module):
+    """One SRU layer of width `dim` over (T, B, dim) inputs (see module docstring)."""
+
+    def __init__(self, dim: int):
+        super().__init__()
+        self.dim = dim
+        self.proj = nn.Linear(dim, 3 * dim)
+        nn.init.xavier_uniform_(self.proj.weight)
+        nn.init.zeros_(self.proj.bias)
+
+    def forward(self, x: Tensor, padding_mask: Optional[Tensor] = None,
+                incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]] = None) -> Tensor:
+        """x: (T, B, dim); padding_mask: (B, T) True at padding, or None."""
+        y, f, r = self.proj(x).chunk(3, dim=-1)  # Eq. 1-3 (trax's order after the split: r, f, y is ours y, f, r)
+        f, r = torch.sigmoid(f), torch.sigmoid(r)
+        u = (1.0 - f) * y
+        if padding_mask is not None and padding_mask.any():
+            pad = padding_mask.t().unsqueeze(-1).to(torch.bool)  # (T, B, 1)
+            f = f.masked_fill(pad, 1.0)
+            u = u.masked_fill(pad, 0.0)
+        state = self.get_incremental_state(incremental_state, "state") if incremental_state is not None else None
+        c = state["c"] if state is not None else x.new_zeros(x.size(1), self.dim)
+        cs = []
+        for t in range(x.size(0)):  # Eq. 4
+            c = f[t] * c + u[t]
+            cs.append(c)
+        if incremental_state is not None:
+            self.set_incremental_state(incremental_state, "state", {"c": c})
+        return r * torch.stack(cs) + (1.0 - r) * x * SQRT3  # Eq. 5
+
+    @torch.jit.export
+    def reorder_incremental_state(self, incremental_state: Dict[str, Dict[str, Optional[Tensor]]], new_order: Tensor):
+        state = self.get_incremental_state(incremental_state, "state")
+        if state is not None:
+            self.set_incremental_state(incremental_state, "state", {"c": state["c"].index_select(0, new_order)})
+        return incremental_state
+
+
+class LowRankRecurrence(nn.Module):
+    """Terraformer §4.3: LayerNorm, project d_model -> rank, `layers` SRUs, project back to d_model."""
+
+    def __init__(self, embed_dim: int, rank: int = 32, layers: int = 1):
+        super().__init__()
+        self.norm = LayerNorm(embed_dim)
+        self.down = nn.Linear(embed_dim, rank)
+        self.srus = nn.ModuleList(SRU(rank) for _ in range(layers))
+        self.up = nn.Linear(rank, embed_dim)
+
+    def forward(self, x: Tensor, padding_mask: Optional[Tensor] = None,
+                incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]] = None) -> Tensor:
+        h = self.down(self.norm(x))
+        for sru in self.srus:
+            h = sru(h, padding_mask, incremental_state)
+        return self.up(h)

@@ -1,0 +1,96 @@
+"""Terraformer (fairseq_ext/models/terraformer.py; paper §4) beyond the shared matrix: the reversible model's
+gradients equal the storing model's (float64, dropout, sparse FFN choices, sparse QKV, SRU); the
+concatenated decoder gives each sentence the output it gets alone, whatever the source padding side;
+the SRU recurrence skips padding and decodes step by step as it runs in full."""
+import pytest
+import torch
+from fairseq import utils
+
+from fairseq_ext.modules.reversible import ReversibleStack
+from fairseq_ext.modules.sru import SRU, LowRankRecurrence
+from matrix import build, fixed_batch
+
+
+def _stacks(model):
+    return [m for m in model.modules() if isinstance(m, ReversibleStack)]
+
+
+def _loss_and_grads(model, criterion, sample, seed):
+    model.zero_grad()
+    torch.manual_seed(seed)
+    loss, _, _ = criterion(model, sample)
+    loss.backward()
+    return [loss.detach()] + [p.grad.clone() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("arch", ["terraformer_tiny", "terraformer_dense_tiny"])
+def test_reversible_gradients_equal_storing_model(arch, tiny_data):
+    _, task, model, criterion = build(tiny_data, arch, extra=["--dropout", "0.2", "--attention-dropout", "0.1",
+                                                              "--activation-dropout", "0.1"])
+    model = model.double().train()
+    sample = fixed_batch(task, n=6, split="train")
+    assert len(_stacks(model)) == 2 and all(s.reversible for s in _stacks(model))
+    rev = _loss_and_grads(model, criterion, sample, seed=11)
+    for s in _stacks(model):
+        s.reversible = False
+    plain = _loss_and_grads(model, criterion, sample, seed=11)
+    zero = [n for (n, _), g in zip(model.named_parameters(), plain[1:]) if g.abs().max() == 0]
+    assert not zero, f"parameters without gradient: {zero}"
+    for (name, _), a, b in zip([("loss", None)] + list(model.named_parameters()), rev, plain):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11, msg=lambda m: f"{name}: {m}")
+
+
+def _single(model, src, tgt_in, pad):
+    keep = src.ne(pad)
+    s = src[keep].unsqueeze(0)
+    enc = model.encoder(s, src_lengths=torch.tensor([s.size(1)]))
+    return model.decoder(tgt_in.unsqueeze(0), encoder_out=enc)[0][0]
+
+
+@pytest.mark.parametrize("arch", ["terraformer_tiny", "terraformer_dense_tiny"])
+def test_each_sentence_decodes_as_alone_for_either_padding_side(arch, tiny_data):
+    _, task, model, _ = build(tiny_data, arch)
+    model.eval()
+    pad = task.source_dictionary.pad()
+    sample = fixed_batch(task, n=5)
+    src, lengths = sample["net_input"]["src_tokens"], sample["net_input"]["src_lengths"]
+    tgt_in = sample["net_input"]["prev_output_tokens"]
+    assert src[:, 0].eq(pad).any(), "fairseq pads sources on the left: the batch must have padding"
+    right = utils.convert_padding_direction(src, pad, left_to_right=True)
+    with torch.no_grad():
+        outs = [model.decoder(tgt_in, encoder_out=model.encoder(s, src_lengths=lengths))[0] for s in (src, right)]
+        torch.testing.assert_close(outs[1], outs[0], rtol=1e-5, atol=1e-5)
+        for i in range(src.size(0)):
+            n = int(tgt_in[i].ne(pad).sum())  # the real target positions of row i
+            alone = _single(model, src[i], tgt_in[i, :n], pad)
+            torch.testing.assert_close(outs[0][i, :n], alone, rtol=1e-5, atol=1e-5)
+
+
+def test_sru_skips_padding_and_steps_like_the_full_run():
+    torch.manual_seed(0)
+    rec = LowRankRecurrence(12, rank=5, layers=2).double().eval()
+    t, b = 9, 3
+    x = torch.randn(t, b, 12, dtype=torch.float64)
+    pad = torch.zeros(b, t, dtype=torch.bool)
+    pad[0, :3] = True  # leading padding
+    pad[1, 4:6] = True  # padding in the middle
+    with torch.no_grad():
+        full = rec(x, pad)
+        for i in range(b):
+            keep = ~pad[i]
+            alone = rec(x[keep, i:i + 1], None)[:, 0]
+            torch.testing.assert_close(full[keep, i], alone)
+        state = {}
+        steps = torch.cat([rec(x[j:j + 1], pad[:, j:j + 1], incremental_state=state) for j in range(t)])
+        torch.testing.assert_close(steps, full)
+
+
+def test_sru_is_causal_and_has_the_sqrt3_highway():
+    torch.manual_seed(1)
+    sru = SRU(4).double()
+    x = torch.randn(6, 2, 4, dtype=torch.float64, requires_grad=True)
+    sru(x)[2].sum().backward()
+    assert x.grad[3:].abs().max() == 0 and x.grad[:3].abs().max() > 0
+    with torch.no_grad():  # r -> 0: h = x·√3 (trax's highway scaling)
+        sru.proj.bias[8:] = -1e4
+        torch.testing.assert_close(sru(x), x * 3 ** 0.5)
