@@ -34,11 +34,20 @@ def registered_archs():
     return ARCH_MODEL_REGISTRY
 
 
+def split_spec(spec):
+    """A model spec: an arch name, optionally with model flags after '@' ("terraformer_base@--no-reversible",
+    "transformer@--encoder-layers 3 --decoder-layers 3"): (arch, [flags])."""
+    arch, _, flags = spec.partition("@")
+    return arch, flags.split()
+
+
 def build_model(arch, vocab, seed=1, flags=()):
-    """Random-weight model of a registered arch (seeded), eval mode, on CPU, dropout off; returns
-    (model, task-like object with the dictionaries)."""
+    """Random-weight model of a registered arch or a spec (split_spec), seeded, eval mode, on CPU, dropout
+    off; returns (model, task-like object with the dictionaries)."""
     from fairseq_ext.tools.params import VocabTask, build_model as build
 
+    arch, spec_flags = split_spec(arch)
+    flags = [*spec_flags, *flags]
     if arch not in registered_archs():
         raise KeyError(arch)
     torch.manual_seed(seed)

@@ -172,7 +172,7 @@ def parse_models(specs, vocab):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--baseline", default="transformer", help="arch name or NAME=checkpoint.pt")
-    p.add_argument("--candidates", nargs="+", default=[], help="arch names or NAME=checkpoint.pt")
+    p.add_argument("--candidates", nargs="+", default=[], help="arch names, arch@FLAGS (model flags, e.g. \"terraformer_base@--no-reversible\") or NAME=checkpoint.pt")
     p.add_argument("--vocab", type=int, default=32000, help="joint vocabulary size (random-weight models)")
     p.add_argument("--batch-sizes", default="1", help="comma list, or 'sweep' for 1,2,4,...,64")
     p.add_argument("--beam", type=int, default=5)

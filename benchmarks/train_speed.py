@@ -1,6 +1,6 @@
 """Training throughput of registered archs: forward + backward + optimizer step on synthetic batches.
 
-    python benchmarks/train_speed.py --baseline transformer --candidates transformer_balanced \\
+    python benchmarks/train_speed.py --baseline transformer --candidates transformer_balanced "arch@--flag v" \\
         [--tokens 4096] [--len 32] [--vocab 32000] [--threads N] [--repeats 5] [--quick]
 
 Each step trains on the same random batch of a fixed token count (--tokens target tokens, sentences of
@@ -66,7 +66,7 @@ def run(models, baseline, tokens, length, repeats, warmup, threads, seed=1):
     for name in names:
         model, task = models[name]
         d = task.target_dictionary
-        sample = make_batch(tokens, length, len(d), d.eos(), d.pad(), seed, lm=is_language_model(name))
+        sample = make_batch(tokens, length, len(d), d.eos(), d.pad(), seed, lm=is_language_model(common.split_spec(name)[0]))
         step = train_step_fn(model, task, sample)
 
         def fn(step=step, name=name):

@@ -43,7 +43,10 @@ from ..modules.terraformer_blocks import (AttentionSwap, DenseFeedForward, FeedF
 from .common import tiny_dims
 from .scaling_sparse import BIG_FF_QKV_FFN_DIM, add_sparse_args, sparse_defaults, validate_sparse_args
 
-BASELINES = {"terraformer": "transformer_wmt_en_de_big", "terraformer_tiny": "transformer_tiny",
+BASE_FF_QKV_FFN_DIM = 3200  # Transformer Base's count (101%) at a 32k vocabulary; a multiple of N = 64
+
+BASELINES = {"terraformer": "transformer_wmt_en_de_big", "terraformer_base": "transformer",
+             "terraformer_tiny": "transformer_tiny",
              "terraformer_dense_tiny": "transformer_tiny"}
 
 
@@ -301,6 +304,17 @@ def terraformer(args):
     args.decoder_ffn_embed_dim = getattr(args, "decoder_ffn_embed_dim", BIG_FF_QKV_FFN_DIM)
     args.dropout = getattr(args, "dropout", 0.1)
     transformer_wmt_en_de_big(args)
+    terraformer_defaults(args)
+
+
+@register_model_architecture("terraformer", "terraformer_base")
+def terraformer_base(args):
+    """Base dims (6/6, d 512, 8 heads, dropout 0.1), sparse FFN N = 64 + sparse QKV S = 8, d_ff 3,200
+    (101% of Transformer Base's parameters at a 32k vocabulary, as `terraformer` for Big), SRU width 32."""
+    args.sparse_ffn_block_size = getattr(args, "sparse_ffn_block_size", 64)
+    args.sparse_qkv_modules = getattr(args, "sparse_qkv_modules", 8)
+    args.encoder_ffn_embed_dim = getattr(args, "encoder_ffn_embed_dim", BASE_FF_QKV_FFN_DIM)
+    args.decoder_ffn_embed_dim = getattr(args, "decoder_ffn_embed_dim", BASE_FF_QKV_FFN_DIM)
     terraformer_defaults(args)
 
 

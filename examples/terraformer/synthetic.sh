@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Terraformer §4.3 / Table 4: copy a decimal number, or long addition; train on operands of at most 128
+# digits, test on 256-300 digits (out of distribution), greedy decoding, exact-sequence and per-token
+# accuracy (fairseq_ext/tools/synthetic.py).
+#   examples/terraformer/synthetic.sh TASK MODEL DATA_DIR SAVE_DIR [extra fairseq-train flags...]
+# TASK: copy | addition. DATA_DIR is made once per task (train/valid/test + binarized bin/) and shared.
+# MODEL, both at the same dims (2+2 layers, d=256, 4 heads, FFN 1,024, pre-norm, sinusoidal positions):
+#   terraformer  terraformer_base's parts: sparse FFN N = 64, sparse QKV S = 8, SRU width 32, reversible,
+#                concatenated decoder with two attention layers per block
+#   transformer  fairseq's pre-norm Transformer (the paper's baseline)
+# Env: TRAIN (examples, default 50000), TEST (default 500), MAX_UPDATE (default 2000).
+set -euo pipefail
+task=$1; model=$2; data=$3; save=$4; shift 4
+here=$(cd "$(dirname "$0")" && pwd)
+DIMS=(--encoder-layers 2 --decoder-layers 2 --encoder-embed-dim 256 --decoder-embed-dim 256
+      --encoder-ffn-embed-dim 1024 --decoder-ffn-embed-dim 1024 --encoder-attention-heads 4
+      --decoder-attention-heads 4 --share-all-embeddings)
+case "$model" in
+  terraformer) arch=(--arch terraformer_base) ;;
+  transformer) arch=(--arch transformer --encoder-normalize-before --decoder-normalize-before) ;;
+  *) echo "unknown MODEL '$model' (terraformer|transformer)" >&2; exit 2 ;;
+esac
+if [ ! -f "$data/bin/dict.src.txt" ]; then
+  python -m fairseq_ext.tools.synthetic make --task "$task" --out "$data/raw" \
+    --train "${TRAIN:-50000}" --test "${TEST:-500}"
+  fairseq-preprocess --source-lang src --target-lang tgt --trainpref "$data/raw/train" \
+    --validpref "$data/raw/valid" --testpref "$data/raw/test" --joined-dictionary \
+    --destdir "$data/bin" --workers 2
+fi
+"$here/../train.sh" "$data/bin" "$save" "${arch[@]}" "${DIMS[@]}" --source-lang src --target-lang tgt \
+  --label-smoothing 0 --max-update "${MAX_UPDATE:-2000}" --no-epoch-checkpoints "$@"
+device=(--cpu)
+python -c 'import torch,sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null && device=()
+# the answer is at most one digit longer than the longest operand: max length = source length + 2
+for split in valid test; do
+  fairseq-generate "$data/bin" --user-dir "$here/../../fairseq_ext" "${device[@]}" --source-lang src \
+    --target-lang tgt --gen-subset "$split" --path "$save/checkpoint_last.pt" --beam 1 \
+    --max-len-a 1 --max-len-b 2 --batch-size 50 > "$save/generate-$split.txt"
+  python -m fairseq_ext.tools.synthetic score "$save/generate-$split.txt" --json "$save/score-$split.json"
+done
