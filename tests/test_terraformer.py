@@ -1,5 +1,5 @@
 """Terraformer (fairseq_ext/models/terraformer.py; paper §4) beyond the shared matrix: the reversible model's
-gradients equal the storing model's (float64, dropout, sparse FFN choices, sparse QKV, SRU); the
+gradients equal the storing model's (float64, dropout, sparse FFN choices, sparse QKV, SRU, LSH); the
 concatenated decoder gives each sentence the output it gets alone, whatever the source padding side;
 the SRU recurrence skips padding and decodes step by step as it runs in full."""
 import pytest
@@ -23,10 +23,12 @@ def _loss_and_grads(model, criterion, sample, seed):
     return [loss.detach()] + [p.grad.clone() for p in model.parameters()]
 
 
-@pytest.mark.parametrize("arch", ["terraformer_tiny", "terraformer_dense_tiny"])
-def test_reversible_gradients_equal_storing_model(arch, tiny_data):
+# the LSH variant with chunks of 8: its training rotations are random, replayed in the recomputation
+@pytest.mark.parametrize("arch,flags", [("terraformer_tiny", []), ("terraformer_dense_tiny", []),
+                                        ("terraformer_lsh_tiny", ["--lsh-chunk", "8"])])
+def test_reversible_gradients_equal_storing_model(arch, flags, tiny_data):
     _, task, model, criterion = build(tiny_data, arch, extra=["--dropout", "0.2", "--attention-dropout", "0.1",
-                                                              "--activation-dropout", "0.1"])
+                                                              "--activation-dropout", "0.1", *flags])
     model = model.double().train()
     sample = fixed_batch(task, n=6, split="train")
     assert len(_stacks(model)) == 2 and all(s.reversible for s in _stacks(model))

@@ -15,8 +15,8 @@ zeroed before sparse QKV convolutions and leave the recurrent state unchanged.
 
 Parts, each on/off by flags: reversibility (--no-reversible: store activations instead, same maths),
 low-rank SRU recurrence in every FFN sub-layer (--sru-dim, 0 = off; §4.3), sparse FFN / sparse QKV /
-sparse loss layer (the Scaling Transformer flags, §3). Long-sequence (LSH) attention is not built yet:
-the attention is full (the paper falls back to it for short inputs too).
+sparse loss layer (the Scaling Transformer flags, §3), LSH attention for long inputs (--lsh-attention
+encoder|decoder|both, modules/lsh_attention.py; full attention for inputs of at most one chunk).
 
 Incremental decoding: the first step runs the source part and the first target token through the decoder
 (its keys/values, convolution and recurrent states cached), later steps one token; beam reordering
@@ -34,6 +34,7 @@ from fairseq.modules.fairseq_dropout import FairseqDropout
 from torch import Tensor, nn
 
 from ..compat import register_model, register_model_architecture
+from ..modules.lsh_attention import LSHSelfAttention
 from ..modules.multiplicative import SparseOutputProjection, SparseQKVAttention
 from ..modules.reversible import ReversibleStack
 from ..modules.sparse_feedforward import SparseFeedForward
@@ -50,7 +51,10 @@ BASELINES = {"terraformer": "transformer_wmt_en_de_big", "terraformer_base": "tr
              "terraformer_dense_tiny": "transformer_tiny"}
 
 
-def _attention(args, embed_dim, heads, causal):
+def _attention(args, embed_dim, heads, causal, side, index):
+    if args.lsh_attention in (side, "both"):
+        return LSHSelfAttention(embed_dim, heads, causal, args.lsh_chunk, args.lsh_buckets, args.lsh_hashes,
+                                args.attention_dropout, seed=index)
     if args.sparse_qkv_modules:
         return SparseQKVAttention(
             embed_dim, heads, args.sparse_qkv_modules, 3 if args.sparse_qkv_kernel is None else args.sparse_qkv_kernel,
@@ -104,8 +108,8 @@ class TerraformerEncoder(FairseqEncoder):
         self.max_source_positions = args.max_source_positions
         self.embed = _Embedder(args, embed_tokens, args.max_source_positions, args.encoder_learned_pos)
         swaps = []
-        for _ in range(args.encoder_layers):
-            swaps += [AttentionSwap(d, _attention(args, d, heads, causal=False), args.dropout),
+        for i in range(args.encoder_layers):
+            swaps += [AttentionSwap(d, _attention(args, d, heads, False, "encoder", i), args.dropout),
                       _ffn_swap(args, d, args.encoder_ffn_embed_dim)]
         self.stack = ReversibleStack(swaps, reversible=not args.no_reversible)
         self.out_proj = nn.Linear(d, d)  # trax: mean of the pair, Dense, LayerNorm
@@ -146,9 +150,9 @@ class TerraformerDecoder(FairseqIncrementalDecoder):
         self.max_target_positions = args.max_target_positions
         self.embed = _Embedder(args, embed_tokens, args.max_target_positions, args.decoder_learned_pos)
         swaps = []
-        for _ in range(args.decoder_layers):
-            swaps += [AttentionSwap(d, _attention(args, d, heads, causal=True), args.dropout)
-                      for _ in range(args.decoder_attention_layers)]
+        for i in range(args.decoder_layers):
+            swaps += [AttentionSwap(d, _attention(args, d, heads, True, "decoder", 100 + 10 * i + j), args.dropout)
+                      for j in range(args.decoder_attention_layers)]
             swaps.append(_ffn_swap(args, d, args.decoder_ffn_embed_dim))
         self.stack = ReversibleStack(swaps, reversible=not args.no_reversible)
         self.layer_norm = LayerNorm(d)
@@ -220,6 +224,12 @@ class TerraformerModel(FairseqEncoderDecoderModel):
                        help="width of the low-rank SRU recurrence added to every FFN sub-layer (default 32, "
                             "§4.3; 0: no recurrence)")
         g.add_argument("--sru-layers", type=int, metavar="L", help="SRU layers in each recurrence (default 1)")
+        g.add_argument("--lsh-attention", choices=LSH_SIDES,
+                       help="LSH self-attention (Reformer; Terraformer §4) in the encoder, the decoder or both "
+                            "(default none; inputs of at most one chunk take full attention)")
+        g.add_argument("--lsh-chunk", type=int, metavar="C", help="LSH chunk length (default 64)")
+        g.add_argument("--lsh-buckets", type=int, metavar="B", help="LSH buckets per hash round (even; default 16)")
+        g.add_argument("--lsh-hashes", type=int, metavar="N", help="LSH hash rounds (default 2)")
         g.add_argument("--no-reversible", action="store_true",
                        help="store activations for the backward pass instead of recomputing them through the "
                             "reversible layers (same model and gradients, more memory)")
@@ -250,7 +260,8 @@ class TerraformerModel(FairseqEncoderDecoderModel):
 
 
 def terraformer_defaults(args):
-    for name, default in (("decoder_attention_layers", 2), ("sru_dim", 32), ("sru_layers", 1)):
+    for name, default in (("decoder_attention_layers", 2), ("sru_dim", 32), ("sru_layers", 1), ("lsh_attention", "none"),
+                          ("lsh_chunk", 64), ("lsh_buckets", 16), ("lsh_hashes", 2)):
         if getattr(args, name, None) is None:
             setattr(args, name, default)
     args.no_reversible = getattr(args, "no_reversible", False)
@@ -261,6 +272,7 @@ def terraformer_defaults(args):
             setattr(args, f"max_{side}_positions", 1024)
 
 
+LSH_SIDES = ("none", "encoder", "decoder", "both")
 UNSUPPORTED = ("cross_self_attention", "no_cross_attention", "layernorm_embedding", "adaptive_input",
                "checkpoint_activations", "offload_activations", "encoder_layers_to_keep", "decoder_layers_to_keep")
 
@@ -276,6 +288,13 @@ def validate_args(args):
     if args.sru_dim < 0 or args.sru_layers < 1:
         raise ValueError(f"--sru-dim {args.sru_dim} / --sru-layers {args.sru_layers}: use --sru-dim 0 for no "
                          f"recurrence, else a positive width and --sru-layers >= 1")
+    if args.lsh_attention != "none":
+        if args.sparse_qkv_modules:
+            raise ValueError(f"--lsh-attention {args.lsh_attention} and --sparse-qkv-modules both replace the "
+                             f"attention: choose one (--sparse-qkv-modules 0 for LSH)")
+        if args.lsh_buckets < 2 or args.lsh_buckets % 2 or args.lsh_chunk < 1 or args.lsh_hashes < 1:
+            raise ValueError(f"--lsh-buckets {args.lsh_buckets} must be even and >= 2, --lsh-chunk "
+                             f"{args.lsh_chunk} and --lsh-hashes {args.lsh_hashes} >= 1")
     if getattr(args, "activation_fn", "relu") != "relu":
         raise ValueError(f"--activation-fn {args.activation_fn}: the Terraformer FFN is ReLU (trax's default)")
     for flag in UNSUPPORTED:
@@ -339,6 +358,19 @@ def terraformer_dense_tiny(args):
     terraformer_defaults(args)
 
 
+@register_model_architecture("terraformer", "terraformer_lsh_tiny")
+def terraformer_lsh_tiny(args):
+    """Test size with LSH attention in encoder and decoder (chunk 64, 8 buckets, 2 rounds), sparse FFN, SRU.
+    The matrix's sequences fit in one chunk (full-attention fallback, exact when decoding); the LSH path
+    itself, where decoding approximates the chunked forward, is tested in tests/test_lsh_attention.py."""
+    args.lsh_attention = getattr(args, "lsh_attention", "both")
+    args.lsh_buckets = getattr(args, "lsh_buckets", 8)
+    args.sparse_ffn_block_size = getattr(args, "sparse_ffn_block_size", 8)
+    args.sru_dim = getattr(args, "sru_dim", 16)
+    tiny_dims(args, ffn_dim=128, encoder_layers=2, decoder_layers=2)
+    terraformer_defaults(args)
+
+
 # Bad flags the shared test matrix checks (arch, flags, text the build-time error must contain).
 BAD_FLAGS = [
     ("terraformer_tiny", ["--decoder-embed-dim", "32"], "must match: the Terraformer decoder runs over"),
@@ -347,4 +379,6 @@ BAD_FLAGS = [
     ("terraformer_tiny", ["--sparse-ffn-block-size", "24"], "must divide --encoder-ffn-embed-dim"),
     ("terraformer_dense_tiny", ["--cross-self-attention"], "--cross-self-attention does not apply"),
     ("terraformer_dense_tiny", ["--encoder-attention-heads", "5"], "divisible by --encoder-attention-heads 5"),
+    ("terraformer_tiny", ["--lsh-attention", "both"], "--lsh-attention both and --sparse-qkv-modules"),
+    ("terraformer_lsh_tiny", ["--lsh-buckets", "5"], "--lsh-buckets 5 must be even"),
 ]
