@@ -33,6 +33,11 @@ SELF_SCORE = -1e5  # a position's score for itself (used only when no other key 
 MASKED = -1e9
 
 
+def _float(scores):
+    """Half-precision scores go to float32: the mask values (−1e5, −1e9) do not fit in float16."""
+    return scores.float() if scores.dtype in (torch.float16, torch.bfloat16) else scores
+
+
 def _rotations(gen_seed: Optional[int], head_dim, n_hashes, n_buckets, like: Tensor):
     shape = (head_dim, n_hashes, n_buckets // 2)
     if gen_seed is None:  # training: fresh rotations
@@ -88,17 +93,17 @@ def lsh_attention(qk: Tensor, v: Tensor, buckets: Tensor, chunk: int, causal: bo
     spos = order.view(b, h, n, chunks, chunk)
     kpos = look_back(spos)
     kpad = look_back(key_pad.view(b, 1, 1, total).expand(-1, h, n, -1).gather(3, order).view(b, h, n, chunks, chunk))
-    scores = torch.matmul(sq, sk.transpose(-1, -2)) / math.sqrt(d)  # (B, H, n, C, c, 2c)
+    scores = _float(torch.matmul(sq, sk.transpose(-1, -2)) / math.sqrt(d))  # (B, H, n, C, c, 2c)
     scores = _scores_masks(scores, spos, kpos, kpad, causal)
     lse = torch.logsumexp(scores, dim=-1, keepdim=True)
-    probs = torch.exp(scores - lse)
+    probs = torch.exp(scores - lse).type_as(sv)
     if dropout is not None:
         probs = dropout(probs)
     out = torch.matmul(probs, sv).view(b, h, n, total, d)  # sorted order
     undo = order.argsort(dim=-1)
     out = out.gather(3, undo.unsqueeze(-1).expand(-1, -1, -1, -1, d))
     lse = lse.view(b, h, n, total).gather(3, undo)
-    weights = torch.softmax(lse, dim=2).unsqueeze(-1)  # rounds combined by their normalisers
+    weights = torch.softmax(lse, dim=2).unsqueeze(-1).type_as(out)  # rounds combined by their normalisers
     return (out * weights).sum(dim=2)[:, :, :length]
 
 
@@ -138,12 +143,12 @@ class LSHSelfAttention(nn.Module):
         return decision(hash_buckets(qk, rot))
 
     def _full(self, q, k, v, q_pos, k_pos, pad, allowed=None):
-        scores = torch.matmul(q, F.normalize(k, dim=-1).transpose(-1, -2)) / math.sqrt(self.head_dim)
+        scores = _float(torch.matmul(q, F.normalize(k, dim=-1).transpose(-1, -2)) / math.sqrt(self.head_dim))
         if allowed is not None:
             scores = scores.masked_fill(~allowed, MASKED)
         k_pad = pad.view(pad.size(0), 1, -1) if pad is not None else None  # (B, 1, L): heads broadcast
         scores = _scores_masks(scores, q_pos, k_pos, k_pad, self.causal)
-        probs = torch.softmax(scores, dim=-1)
+        probs = torch.softmax(scores, dim=-1).type_as(v)
         return torch.matmul(self.dropout_module(probs), v)
 
     def forward(self, query: Tensor, key: Optional[Tensor] = None, value: Optional[Tensor] = None,
