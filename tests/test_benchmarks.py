@@ -10,6 +10,7 @@ import pytest
 from conftest import REPO
 
 sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+import common  # noqa: E402
 import decode_speed  # noqa: E402
 import run_presets  # noqa: E402
 import train_speed  # noqa: E402
@@ -65,6 +66,17 @@ def test_train_speed_language_models(tmp_path):
                       "--out-dir", str(tmp_path), "--name", "lm"])
     r = json.loads((tmp_path / "lm.json").read_text())
     assert set(r["models"]) == set(lms) and r["models"][lms[1]]["params"] < r["models"][lms[0]]["params"]
+
+
+def test_model_specs_pass_flags(tmp_path):
+    """ARCH@FLAGS builds the arch with those model flags (the reversible-memory comparison)."""
+    specs = ["terraformer_dense_tiny@--no-reversible", "terraformer_dense_tiny@--sru-dim 0 --decoder-layers 1"]
+    train_speed.main(["--baseline", specs[0], "--candidates", specs[1], "--quick", "--vocab", "500",
+                      "--out-dir", str(tmp_path), "--name", "spec"])
+    r = json.loads((tmp_path / "spec.json").read_text())
+    assert set(r["models"]) == set(specs) and r["models"][specs[1]]["params"] < r["models"][specs[0]]["params"]
+    model, _ = common.build_model(specs[0], 500)
+    assert not any(m.reversible for m in model.modules() if hasattr(m, "reversible"))
 
 
 def test_presets_skip_unregistered_candidates(tmp_path, capsys):
