@@ -75,6 +75,20 @@ def _ffn_swap(args, embed_dim, ffn_dim):
     return FeedForwardSwap(embed_dim, ffn, args.dropout, recurrence)
 
 
+def _stack(args, side):
+    """The reversible stack of one side: per layer K attention swaps (encoder: K = 1, non-causal; decoder:
+    K = --decoder-attention-layers, causal) then the FFN swap."""
+    d, heads = getattr(args, f"{side}_embed_dim"), getattr(args, f"{side}_attention_heads")
+    decoder = side == "decoder"
+    swaps = []
+    for i in range(getattr(args, f"{side}_layers")):
+        for j in range(args.decoder_attention_layers if decoder else 1):
+            seed = 100 + 10 * i + j if decoder else i  # the LSH rotations of each attention layer (eval)
+            swaps.append(AttentionSwap(d, _attention(args, d, heads, decoder, side, seed), args.dropout))
+        swaps.append(_ffn_swap(args, d, getattr(args, f"{side}_ffn_embed_dim")))
+    return ReversibleStack(swaps, reversible=not args.no_reversible)
+
+
 class _Embedder(nn.Module):
     """Scaled token embeddings + positions + dropout, (B, T) -> (T, B, d)."""
 
@@ -104,14 +118,10 @@ class _Embedder(nn.Module):
 class TerraformerEncoder(FairseqEncoder):
     def __init__(self, args, dictionary, embed_tokens):
         super().__init__(dictionary)
-        d, heads = args.encoder_embed_dim, args.encoder_attention_heads
+        d = args.encoder_embed_dim
         self.max_source_positions = args.max_source_positions
         self.embed = _Embedder(args, embed_tokens, args.max_source_positions, args.encoder_learned_pos)
-        swaps = []
-        for i in range(args.encoder_layers):
-            swaps += [AttentionSwap(d, _attention(args, d, heads, False, "encoder", i), args.dropout),
-                      _ffn_swap(args, d, args.encoder_ffn_embed_dim)]
-        self.stack = ReversibleStack(swaps, reversible=not args.no_reversible)
+        self.stack = _stack(args, "encoder")
         self.out_proj = nn.Linear(d, d)  # trax: mean of the pair, Dense, LayerNorm
         self.layer_norm = LayerNorm(d)
 
@@ -146,15 +156,10 @@ def pads_first(x: Tensor, pad: Optional[Tensor]):
 class TerraformerDecoder(FairseqIncrementalDecoder):
     def __init__(self, args, dictionary, embed_tokens):
         super().__init__(dictionary)
-        d, heads = args.decoder_embed_dim, args.decoder_attention_heads
+        d = args.decoder_embed_dim
         self.max_target_positions = args.max_target_positions
         self.embed = _Embedder(args, embed_tokens, args.max_target_positions, args.decoder_learned_pos)
-        swaps = []
-        for i in range(args.decoder_layers):
-            swaps += [AttentionSwap(d, _attention(args, d, heads, True, "decoder", 100 + 10 * i + j), args.dropout)
-                      for j in range(args.decoder_attention_layers)]
-            swaps.append(_ffn_swap(args, d, args.decoder_ffn_embed_dim))
-        self.stack = ReversibleStack(swaps, reversible=not args.no_reversible)
+        self.stack = _stack(args, "decoder")
         self.layer_norm = LayerNorm(d)
         if args.sparse_loss:
             self.output_projection = SparseOutputProjection(d, len(dictionary), args.sparse_loss)

@@ -69,3 +69,12 @@ def attention_softmax(scores: Tensor) -> Tensor:
     otherwise (float64 stays float64, so float64 tests compare at float64 precision)."""
     half = scores.dtype in (torch.float16, torch.bfloat16)
     return torch.softmax(scores, dim=-1, dtype=torch.float32 if half else None).type_as(scores)
+
+
+def reorder_batch_state(module, incremental_state, new_order: Tensor):
+    """Beam reordering of a module whose incremental state "state" holds only batch-first tensors."""
+    state = module.get_incremental_state(incremental_state, "state")
+    if state is not None:
+        module.set_incremental_state(incremental_state, "state",
+                                     {name: value.index_select(0, new_order) for name, value in state.items()})
+    return incremental_state

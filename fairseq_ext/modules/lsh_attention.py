@@ -27,6 +27,7 @@ from fairseq.incremental_decoding_utils import with_incremental_state
 from fairseq.modules.fairseq_dropout import FairseqDropout
 from torch import Tensor, nn
 
+from .kv_cache import reorder_batch_state
 from .reversible import decision
 
 SELF_SCORE = -1e5  # a position's score for itself (used only when no other key is allowed)
@@ -191,8 +192,4 @@ class LSHSelfAttention(nn.Module):
 
     @torch.jit.export
     def reorder_incremental_state(self, incremental_state: Dict[str, Dict[str, Optional[Tensor]]], new_order: Tensor):
-        state = self.get_incremental_state(incremental_state, "state")
-        if state is not None:
-            self.set_incremental_state(incremental_state, "state",
-                                       {name: value.index_select(0, new_order) for name, value in state.items()})
-        return incremental_state
+        return reorder_batch_state(self, incremental_state, new_order)

@@ -21,6 +21,8 @@ from fairseq.incremental_decoding_utils import with_incremental_state
 from fairseq.modules import LayerNorm
 from torch import Tensor, nn
 
+from .kv_cache import reorder_batch_state
+
 SQRT3 = math.sqrt(3.0)
 
 
@@ -57,10 +59,7 @@ class SRU(nn.Module):
 
     @torch.jit.export
     def reorder_incremental_state(self, incremental_state: Dict[str, Dict[str, Optional[Tensor]]], new_order: Tensor):
-        state = self.get_incremental_state(incremental_state, "state")
-        if state is not None:
-            self.set_incremental_state(incremental_state, "state", {"c": state["c"].index_select(0, new_order)})
-        return incremental_state
+        return reorder_batch_state(self, incremental_state, new_order)
 
 
 class LowRankRecurrence(nn.Module):

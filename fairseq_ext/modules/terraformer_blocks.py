@@ -21,7 +21,7 @@ from fairseq.modules import LayerNorm
 from fairseq.modules.fairseq_dropout import FairseqDropout
 from torch import Tensor, nn
 
-from .kv_cache import append_to_cache, attention_softmax, mask_scores
+from .kv_cache import append_to_cache, attention_softmax, mask_scores, reorder_batch_state
 
 IncrementalState = Optional[Dict[str, Dict[str, Optional[Tensor]]]]
 
@@ -66,11 +66,7 @@ class SelfAttention(nn.Module):
 
     @torch.jit.export
     def reorder_incremental_state(self, incremental_state: Dict[str, Dict[str, Optional[Tensor]]], new_order: Tensor):
-        state = self.get_incremental_state(incremental_state, "state")
-        if state is not None:
-            self.set_incremental_state(incremental_state, "state",
-                                       {name: value.index_select(0, new_order) for name, value in state.items()})
-        return incremental_state
+        return reorder_batch_state(self, incremental_state, new_order)
 
 
 class DenseFeedForward(nn.Module):
