@@ -66,3 +66,24 @@ def test_sas_code_lm_recipe(tmp_path):
     for block in ("preln", "sas", "sas_p", "sas_p_nonorm"):
         assert f"| {block} |" in table, table
     assert (out / "curves.png").stat().st_size > 10000
+
+
+def test_terraformer_synthetic_recipe(tmp_path):
+    """Copy-task data, a Terraformer trained 2 updates, greedy decoding of valid and test, the scores."""
+    import json
+
+    data, save = tmp_path / "data", tmp_path / "tf"
+    run(["bash", os.path.join(REPO, "examples/terraformer/synthetic.sh"), "copy", "terraformer", str(data), str(save),
+         "--max-tokens", "1000"], TRAIN="200", VALID="8", TEST="4", MAX_UPDATE="2")
+    symbols = {line.split()[0] for line in (data / "bin" / "dict.src.txt").read_text().splitlines()}
+    assert set("0123456789") <= symbols  # one token per digit
+    for split, n in (("valid", 8), ("test", 4)):
+        score = json.loads((save / f"score-{split}.json").read_text())
+        assert score["examples"] == n and 0 <= score["token_accuracy"] <= 100
+
+
+def test_terraformer_translation_recipe(tiny_data, tmp_path):
+    save = tmp_path / "tf"
+    p = run(["bash", os.path.join(REPO, "examples/terraformer/train.sh"), "tiny", str(tiny_data / "bin"), str(save),
+             "--max-update", "2", "--no-epoch-checkpoints"])
+    assert (save / "checkpoint_last.pt").exists() and "done training" in p.stdout + p.stderr

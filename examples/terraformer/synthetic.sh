@@ -8,7 +8,7 @@
 #   terraformer  terraformer_base's parts: sparse FFN N = 64, sparse QKV S = 8, SRU width 32, reversible,
 #                concatenated decoder with two attention layers per block
 #   transformer  fairseq's pre-norm Transformer (the paper's baseline)
-# Env: TRAIN (examples, default 50000), TEST (default 500), MAX_UPDATE (default 2000).
+# Env: TRAIN (examples, default 50000), VALID (1000), TEST (500), MAX_UPDATE (2000).
 set -euo pipefail
 task=$1; model=$2; data=$3; save=$4; shift 4
 here=$(cd "$(dirname "$0")" && pwd)
@@ -22,7 +22,7 @@ case "$model" in
 esac
 if [ ! -f "$data/bin/dict.src.txt" ]; then
   python -m fairseq_ext.tools.synthetic make --task "$task" --out "$data/raw" \
-    --train "${TRAIN:-50000}" --test "${TEST:-500}"
+    --train "${TRAIN:-50000}" --valid "${VALID:-1000}" --test "${TEST:-500}"
   fairseq-preprocess --source-lang src --target-lang tgt --trainpref "$data/raw/train" \
     --validpref "$data/raw/valid" --testpref "$data/raw/test" --joined-dictionary \
     --destdir "$data/bin" --workers 2
