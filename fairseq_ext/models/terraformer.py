@@ -20,7 +20,8 @@ encoder|decoder|both, modules/lsh_attention.py; full attention for inputs of at 
 
 Incremental decoding: the first step runs the source part and the first target token through the decoder
 (its keys/values, convolution and recurrent states cached), later steps one token; beam reordering
-index-selects every cache.
+index-selects every cache. Rows that repeat at the first step (a sentence's beam copies) run once and their
+caches are copied to every row.
 """
 from typing import Dict, List, Optional
 
@@ -153,6 +154,22 @@ def pads_first(x: Tensor, pad: Optional[Tensor]):
     return x, pad.gather(1, order)
 
 
+def _repeated_rows(encoder_out, tokens):
+    """When consecutive rows repeat (encoder output, padding, target tokens), as beam search's rows of one
+    sentence do at the first step: (index of each run's first row, row -> run index); else None."""
+    enc = encoder_out["encoder_out"][0]
+    if enc.size(1) < 2:
+        return None
+    same = (enc[:, 1:] == enc[:, :-1]).all(dim=2).all(dim=0) & (tokens[1:] == tokens[:-1]).all(dim=1)
+    if encoder_out["encoder_padding_mask"]:
+        pad = encoder_out["encoder_padding_mask"][0]
+        same &= (pad[1:] == pad[:-1]).all(dim=1)
+    if not same.any():
+        return None
+    new = torch.cat([same.new_ones(1), ~same])  # row starts a run
+    return new.nonzero().squeeze(1), new.long().cumsum(0) - 1
+
+
 class TerraformerDecoder(FairseqIncrementalDecoder):
     def __init__(self, args, dictionary, embed_tokens):
         super().__init__(dictionary)
@@ -190,6 +207,16 @@ class TerraformerDecoder(FairseqIncrementalDecoder):
             raise ValueError("the Terraformer decoder reads the encoder output (it is the start of its sequence)")
         started = (incremental_state is not None
                    and self.get_incremental_state(incremental_state, "prefix") is not None)
+        if incremental_state is not None and not started:
+            groups = _repeated_rows(encoder_out, prev_output_tokens)
+            if groups is not None:  # beam search's first step: each sentence's rows are copies
+                first, expand = groups
+                sub = {"encoder_out": [encoder_out["encoder_out"][0].index_select(1, first)],
+                       "encoder_padding_mask": [m.index_select(0, first) for m in encoder_out["encoder_padding_mask"]]}
+                h, extra = self.extract_features(prev_output_tokens.index_select(0, first), sub, incremental_state)
+                self.reorder_incremental_state_scripting(incremental_state, expand)  # every cache to all rows
+                return h.index_select(0, expand), {"attn": [None], "inner_states": [extra["inner_states"][0]
+                                                                                     .index_select(1, expand)]}
         y = self.embed(prev_output_tokens, incremental_state)  # (T, B, d)
         pad, mask = None, None
         if started:  # one new target position: it sees every cached position
