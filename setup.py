@@ -62,6 +62,7 @@ setup(
     entry_points={
         "console_scripts": [
             "fairseq-ext-average-checkpoints = fairseq_ext.tools.average_checkpoints:main",
+            "fairseq-ext-generate = fairseq_ext.decoding.generate:main",
         ]
     },
 )

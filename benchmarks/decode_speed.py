@@ -2,6 +2,8 @@
 
     python benchmarks/decode_speed.py --baseline transformer --candidates transformer_wmt_en_de_big \\
         [--batch-sizes 1 | sweep] [--beam 5] [--vocab 32000] [--threads N] [--repeats 5] [--quick]
+    python benchmarks/decode_speed.py --baseline transformer_wmt_en_de_big \\
+        --candidates transformer_wmt_en_de_big+fast       (fairseq_ext's fast decoding path, same model)
 
 Every model decodes the same random sources (fixed length) with a forced target length
 (min_len = max_len), so all do the same number of steps; random weights (seeded) unless a model is
@@ -36,12 +38,17 @@ def make_sample(bsz, src_len, vocab, eos, seed):
             "net_input": {"src_tokens": src, "src_lengths": torch.full((bsz,), src_len, dtype=torch.long)}}
 
 
-def make_generator(model, task, beam, tgt_len):
+FAST = "+fast"  # a model name ending so decodes with fairseq_ext's fast path (FastSequenceGenerator)
+
+
+def make_generator(model, task, beam, tgt_len, fast=False):
     from fairseq.sequence_generator import SequenceGenerator
 
+    from fairseq_ext.decoding.fast_generator import FastSequenceGenerator
+
     # forced length: eos is blocked before min_len and forced at max_len -> tgt_len tokens + eos
-    return SequenceGenerator([model], task.target_dictionary, beam_size=beam, max_len_a=0,
-                             max_len_b=tgt_len, min_len=tgt_len)
+    cls = FastSequenceGenerator if fast else SequenceGenerator
+    return cls([model], task.target_dictionary, beam_size=beam, max_len_a=0, max_len_b=tgt_len, min_len=tgt_len)
 
 
 def bytes_per_step(model, bsz, beam, src_len, tgt_len):
@@ -80,7 +87,7 @@ def run(models, baseline, batch_sizes, beam, src_len, tgt_len, repeats, warmup, 
             model, task = models[name]
             vocab = len(task.target_dictionary)
             sample = make_sample(bsz, src_len, vocab, task.target_dictionary.eos(), seed)
-            gen = make_generator(model, task, beam, tgt_len)
+            gen = make_generator(model, task, beam, tgt_len, fast=name.endswith(FAST))
             hyps = gen.generate([model], sample)  # check the forced length once
             lengths = {len(h[0]["tokens"]) for h in hyps}
             if lengths != {tgt_len + 1}:
@@ -155,9 +162,16 @@ def plot(result, path):
 
 
 def parse_models(specs, vocab):
-    """'arch' or 'name=path.pt' -> {name: (model, task)}; unregistered archs are skipped with a note."""
+    """'arch', 'arch@FLAGS', 'name=path.pt', any of them + '+fast' (same model, fast decoding path) ->
+    {name: (model, task)}; unregistered archs are skipped with a note."""
     models = {}
     for spec in specs:
+        if spec.endswith(FAST):  # the same model (shared when also listed plainly), fast decoding path
+            base = spec[: -len(FAST)]
+            found = models.get(base) or parse_models([base], vocab).get(base)
+            if found is not None:
+                models[spec] = found
+            continue
         if "=" in spec:
             name, path = spec.split("=", 1)
             models[name] = common.load_checkpoint_model(path)

@@ -1,0 +1,23 @@
+"""fairseq-generate with the fast decoding path: the same flags, output and scoring.
+
+    fairseq-ext-generate DATA --user-dir fairseq_ext --path ckpt.pt --beam 5 ...
+    python -m fairseq_ext.decoding.generate DATA ...       (the same)
+
+fairseq's task.build_generator picks fairseq.sequence_generator.SequenceGenerator when it runs; this entry
+point points that name at FastSequenceGenerator (a subclass: same search), then runs fairseq_cli.generate.
+Models the fast step does not serve decode with fairseq's step after a one-line notice.
+"""
+import fairseq.sequence_generator as sequence_generator
+
+from .fast_generator import FastSequenceGenerator
+
+
+def main():
+    sequence_generator.SequenceGenerator = FastSequenceGenerator
+    from fairseq_cli.generate import cli_main
+
+    cli_main()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,57 @@
+"""The fast decoding path (fairseq_ext/decoding/fast_generator.py): the same hypotheses (tokens) and
+scores (to 1e-5) as fairseq's SequenceGenerator for beam 1 and 5, batch 1 and 8, with and without length penalty, on the
+tiny archs it serves; the others fall back with a reason."""
+import pytest
+import torch
+from fairseq.sequence_generator import SequenceGenerator
+
+from fairseq_ext.decoding.fast_generator import FastEnsembleModel, FastSequenceGenerator, unsupported_reason
+from matrix import build, fixed_batch
+
+SERVED = ["transformer_tiny", "transformer_balanced_tiny", "one_wide_ffn_tiny", "one_wide_ffn_cycle_tiny",
+          "one_wide_sparse_ffn_tiny"]
+
+
+def _compare(model, task, sample, **kw):
+    kw.setdefault("max_len_b", 12)
+    ref = SequenceGenerator([model], task.target_dictionary, **kw).generate([model], sample)
+    gen = FastSequenceGenerator([model], task.target_dictionary, **kw)
+    assert isinstance(gen.model, FastEnsembleModel), gen.fast_reason
+    fast = gen.generate([model], sample)
+    assert len(ref) == len(fast)
+    for r_hyps, f_hyps in zip(ref, fast):
+        assert [h["tokens"].tolist() for h in r_hyps] == [h["tokens"].tolist() for h in f_hyps]
+        for r, f in zip(r_hyps, f_hyps):  # the same arithmetic on other memory layouts: last-bit differences
+            torch.testing.assert_close(f["positional_scores"], r["positional_scores"], rtol=1e-5, atol=1e-5)
+            assert abs(float(f["score"]) - float(r["score"])) < 1e-5
+
+
+@pytest.mark.parametrize("arch", SERVED)
+@pytest.mark.parametrize("beam,bsz,lenpen", [(1, 1, 1.0), (5, 1, 1.0), (5, 8, 0.6), (1, 8, 1.0), (5, 8, 1.0)])
+def test_same_hypotheses_as_sequence_generator(arch, beam, bsz, lenpen, tiny_data):
+    _, task, model, _ = build(tiny_data, arch)
+    torch.manual_seed(3)
+    with torch.no_grad():  # random weights give flat distributions: sharpen the output layer
+        for p in model.decoder.parameters():
+            p.mul_(1.5)
+    model.eval()
+    sample = fixed_batch(task, n=bsz)
+    _compare(model, task, sample, beam_size=beam, len_penalty=lenpen)
+
+
+def test_search_options_are_fairseqs(tiny_data):
+    _, task, model, _ = build(tiny_data, "transformer_tiny")
+    model.eval()
+    sample = fixed_batch(task, n=4)
+    _compare(model, task, sample, beam_size=4, min_len=5, no_repeat_ngram_size=2, unk_penalty=0.5, max_len_b=9)
+
+
+@pytest.mark.parametrize("arch", ["can_decoder_tiny", "scaling_sparse_tiny", "terraformer_tiny", "sas_block_tiny"])
+def test_other_archs_fall_back_with_a_reason(arch, tiny_data):
+    _, task, model, _ = build(tiny_data, arch)
+    model.eval()
+    reason = unsupported_reason([model])
+    assert reason
+    gen = FastSequenceGenerator([model], task.target_dictionary, beam_size=2, max_len_b=5)
+    assert gen.fast_reason == reason and not isinstance(gen.model, FastEnsembleModel)
+    assert len(gen.generate([model], fixed_batch(task, n=2))) == 2
