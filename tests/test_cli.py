@@ -97,3 +97,19 @@ def test_crafted_checkpoint_is_refused(tmp_path):
     with pytest.raises(pickle.UnpicklingError):
         checkpoint_utils.load_checkpoint_to_cpu(str(bad))
     assert not os.path.exists(marker)
+
+
+def test_fast_generate_translates_as_fairseq_generate(trained, tiny_data):
+    """fairseq-ext-generate (the fast decoding path) takes fairseq-generate's flags and prints the same
+    hypotheses and BLEU."""
+    save, _, _ = trained
+    flags = [str(tiny_data / "bin"), "--user-dir", USER_DIR, "--cpu", "--path", str(save / "checkpoint_last.pt"),
+             "--gen-subset", "test", "--beam", "5", "--batch-size", "8", "--lenpen", "0.6", "--scoring", "sacrebleu"]
+    outs = [run([cmd, *flags]).stdout for cmd in ("fairseq-generate", "fairseq-ext-generate")]
+
+    def hyps(out):
+        return sorted((l.split("\t")[0], l.split("\t")[2]) for l in out.splitlines() if l.startswith("H-"))
+
+    assert len(hyps(outs[0])) == 100 and hyps(outs[1]) == hyps(outs[0])
+    bleu = [l for out in outs for l in out.splitlines() if l.startswith("Generate test")]
+    assert len(bleu) == 2 and bleu[0] == bleu[1]
