@@ -3,7 +3,8 @@
     python benchmarks/decode_speed.py --baseline transformer --candidates transformer_wmt_en_de_big \\
         [--batch-sizes 1 | sweep] [--beam 5] [--vocab 32000] [--threads N] [--repeats 5] [--quick]
     python benchmarks/decode_speed.py --baseline transformer_wmt_en_de_big \\
-        --candidates transformer_wmt_en_de_big+fast       (fairseq_ext's fast decoding path, same model)
+        --candidates transformer_wmt_en_de_big+fast transformer_wmt_en_de_big+int8
+        (fairseq_ext's fast decoding path on the same model; on a copy with an int8 decoder)
 
 Every model decodes the same random sources (fixed length) with a forced target length
 (min_len = max_len), so all do the same number of steps; random weights (seeded) unless a model is
@@ -38,17 +39,20 @@ def make_sample(bsz, src_len, vocab, eos, seed):
             "net_input": {"src_tokens": src, "src_lengths": torch.full((bsz,), src_len, dtype=torch.long)}}
 
 
-FAST = "+fast"  # a model name ending so decodes with fairseq_ext's fast path (FastSequenceGenerator)
+FAST, INT8 = "+fast", "+int8"  # name suffixes: fairseq_ext's fast decoding path, in fp32 / with int8 decoder
 
 
-def make_generator(model, task, beam, tgt_len, fast=False):
+def make_generator(model, task, beam, tgt_len, name=""):
     from fairseq.sequence_generator import SequenceGenerator
 
     from fairseq_ext.decoding.fast_generator import FastSequenceGenerator
 
     # forced length: eos is blocked before min_len and forced at max_len -> tgt_len tokens + eos
-    cls = FastSequenceGenerator if fast else SequenceGenerator
-    return cls([model], task.target_dictionary, beam_size=beam, max_len_a=0, max_len_b=tgt_len, min_len=tgt_len)
+    kw = dict(beam_size=beam, max_len_a=0, max_len_b=tgt_len, min_len=tgt_len)
+    if name.endswith(INT8):
+        return FastSequenceGenerator([model], task.target_dictionary, int8=True, **kw)
+    cls = FastSequenceGenerator if name.endswith(FAST) else SequenceGenerator
+    return cls([model], task.target_dictionary, **kw)
 
 
 def bytes_per_step(model, bsz, beam, src_len, tgt_len):
@@ -87,7 +91,7 @@ def run(models, baseline, batch_sizes, beam, src_len, tgt_len, repeats, warmup, 
             model, task = models[name]
             vocab = len(task.target_dictionary)
             sample = make_sample(bsz, src_len, vocab, task.target_dictionary.eos(), seed)
-            gen = make_generator(model, task, beam, tgt_len, fast=name.endswith(FAST))
+            gen = make_generator(model, task, beam, tgt_len, name)
             hyps = gen.generate([model], sample)  # check the forced length once
             lengths = {len(h[0]["tokens"]) for h in hyps}
             if lengths != {tgt_len + 1}:
@@ -162,7 +166,8 @@ def plot(result, path):
 
 
 def parse_models(specs, vocab):
-    """'arch', 'arch@FLAGS', 'name=path.pt', any of them + '+fast' (same model, fast decoding path) ->
+    """'arch', 'arch@FLAGS', 'name=path.pt', any of them + '+fast' (same model, fast decoding path) or
+    '+int8' (a copy whose decoder the fast path quantizes to int8) ->
     {name: (model, task)}; unregistered archs are skipped with a note."""
     models = {}
     for spec in specs:
@@ -171,6 +176,10 @@ def parse_models(specs, vocab):
             found = models.get(base) or parse_models([base], vocab).get(base)
             if found is not None:
                 models[spec] = found
+            continue
+        if spec.endswith(INT8):  # its own copy (quantized in place by the generator), fast path
+            found = parse_models([spec[: -len(INT8)]], vocab)
+            models.update({spec: m for m in found.values()})
             continue
         if "=" in spec:
             name, path = spec.split("=", 1)

@@ -79,6 +79,15 @@ def test_model_specs_pass_flags(tmp_path):
     assert not any(m.reversible for m in model.modules() if hasattr(m, "reversible"))
 
 
+def test_decode_speed_fast_path_candidates(tmp_path):
+    """NAME+fast decodes the same model with the fast path, NAME+int8 a copy with an int8 decoder."""
+    names = [TINY[0], TINY[0] + "+fast", TINY[0] + "+int8"]
+    decode_speed.main(["--baseline", names[0], "--candidates", *names[1:], "--quick", "--vocab", "500",
+                       "--out-dir", str(tmp_path), "--name", "fast"])
+    r = json.loads((tmp_path / "fast.json").read_text())
+    assert set(r["models"]) == set(names) and set(r["ratios"]["1"]) == set(names[1:])
+
+
 def test_presets_skip_unregistered_candidates(tmp_path, capsys):
     run_presets.main(["--quick", "--only", "decode_one_wide_ffn_base", "--out-dir", str(tmp_path)])
     r = json.loads((tmp_path / "decode_one_wide_ffn_base.json").read_text())

@@ -55,3 +55,16 @@ def test_other_archs_fall_back_with_a_reason(arch, tiny_data):
     gen = FastSequenceGenerator([model], task.target_dictionary, beam_size=2, max_len_b=5)
     assert gen.fast_reason == reason and not isinstance(gen.model, FastEnsembleModel)
     assert len(gen.generate([model], fixed_batch(task, n=2))) == 2
+
+
+def test_int8_quantizes_the_decoder_and_decodes(tiny_data):
+    from torch.ao.nn.quantized.dynamic import Linear as QLinear
+
+    _, task, model, _ = build(tiny_data, "transformer_tiny")
+    model.eval()
+    gen = FastSequenceGenerator([model], task.target_dictionary, int8=True, beam_size=3, max_len_b=6)
+    assert isinstance(gen.model, FastEnsembleModel)
+    assert isinstance(model.decoder.layers[0].fc1, QLinear) and isinstance(model.decoder.output_projection, QLinear)
+    assert isinstance(model.encoder.layers[0].fc1, torch.nn.Linear)  # the encoder stays fp32
+    hyps = gen.generate([model], fixed_batch(task, n=3))
+    assert len(hyps) == 3 and all(len(h) == 3 for h in hyps)

@@ -28,6 +28,7 @@ bias_kv / zero_attn, no cross-self-attention, head scaling, attention LayerNorm 
 Anything else falls back to fairseq's step with a one-line notice (`unsupported_reason`).
 """
 import logging
+import warnings
 from typing import Dict, List, Optional
 
 import torch
@@ -36,7 +37,7 @@ from fairseq.models.transformer import TransformerDecoderBase
 from fairseq.modules import MultiheadAttention
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase
 from fairseq.sequence_generator import EnsembleModel, SequenceGenerator
-from torch import Tensor
+from torch import Tensor, nn
 
 logger = logging.getLogger(__name__)
 
@@ -244,18 +245,34 @@ class FastEnsembleModel(EnsembleModel):
         self.stepper.reorder(new_order)
 
 
-class FastSequenceGenerator(SequenceGenerator):
-    """fairseq's SequenceGenerator (same arguments, same search) with the fast step when supported."""
+def quantize_decoder_int8(model):
+    """torch's dynamic int8 quantization of the decoder's Linear layers, in place: int8 weights (per
+    tensor), activations quantized on the fly each step. The encoder (run once per sentence) stays fp32."""
+    with warnings.catch_warnings():  # torch.ao.quantization is deprecated in favour of torchao (not a dependency)
+        warnings.simplefilter("ignore")
+        torch.ao.quantization.quantize_dynamic(model.decoder, {nn.Linear}, dtype=torch.qint8, inplace=True)
+    return model
 
-    def __init__(self, models, tgt_dict, **kwargs):
+
+class FastSequenceGenerator(SequenceGenerator):
+    """fairseq's SequenceGenerator (same arguments, same search) with the fast step when supported.
+    int8=True (or the class attribute, which fairseq-ext-generate --int8 sets) quantizes the decoder's
+    Linear layers of the given models in place (quantize_decoder_int8)."""
+
+    int8 = False
+
+    def __init__(self, models, tgt_dict, int8=None, **kwargs):
         super().__init__(models, tgt_dict, **kwargs)
         models = list(self.model.models)
         self.fast_reason = unsupported_reason(models)
         if self.fast_reason is None:
+            if self.int8 if int8 is None else int8:
+                quantize_decoder_int8(models[0])
             self.model = FastEnsembleModel(models, self.beam_size)
             self.model.eval()
         else:
-            logger.info(f"fast decoding path not used ({self.fast_reason}): fairseq's SequenceGenerator step")
+            logger.info(f"fast decoding path not used ({self.fast_reason}): fairseq's SequenceGenerator step"
+                        + (" in fp32 (int8 needs the fast path)" if (self.int8 if int8 is None else int8) else ""))
 
     def _generate(self, sample, prefix_tokens=None, constraints=None, bos_token=None):
         if isinstance(self.model, FastEnsembleModel):

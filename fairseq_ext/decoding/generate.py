@@ -1,18 +1,26 @@
 """fairseq-generate with the fast decoding path: the same flags, output and scoring.
 
-    fairseq-ext-generate DATA --user-dir fairseq_ext --path ckpt.pt --beam 5 ...
+    fairseq-ext-generate DATA --user-dir fairseq_ext --path ckpt.pt --beam 5 ... [--int8]
     python -m fairseq_ext.decoding.generate DATA ...       (the same)
+
+--int8 (ours, taken out before fairseq parses the rest): dynamic int8 quantization of the decoder's
+Linear layers (fast path only).
 
 fairseq's task.build_generator picks fairseq.sequence_generator.SequenceGenerator when it runs; this entry
 point points that name at FastSequenceGenerator (a subclass: same search), then runs fairseq_cli.generate.
 Models the fast step does not serve decode with fairseq's step after a one-line notice.
 """
+import sys
+
 import fairseq.sequence_generator as sequence_generator
 
 from .fast_generator import FastSequenceGenerator
 
 
 def main():
+    if "--int8" in sys.argv:
+        sys.argv.remove("--int8")
+        FastSequenceGenerator.int8 = True
     sequence_generator.SequenceGenerator = FastSequenceGenerator
     from fairseq_cli.generate import cli_main
 
