@@ -39,6 +39,8 @@ from fairseq.modules.transformer_layer import TransformerDecoderLayerBase
 from fairseq.sequence_generator import EnsembleModel, SequenceGenerator
 from torch import Tensor, nn
 
+from ..modules.kv_cache import write_to_cache
+
 logger = logging.getLogger(__name__)
 
 
@@ -67,33 +69,15 @@ def unsupported_reason(models) -> Optional[str]:
     return None
 
 
-class _SelfCache:
-    """Keys and values (B, H, capacity, d_h) of one layer's self-attention, written in place."""
-
-    def __init__(self):
-        self.k = self.v = None
-        self.length = 0
-
-    def append(self, k: Tensor, v: Tensor):  # k, v: (B, H, d_h) of this step
-        n = self.length
-        if self.k is None or n == self.k.size(2):
-            cap = max(16, 2 * n)
-            for name, new in (("k", k), ("v", v)):
-                buf = new.new_empty(new.size(0), new.size(1), cap, new.size(2))
-                if n:
-                    buf[:, :, :n] = getattr(self, name)[:, :, :n]
-                setattr(self, name, buf)
-        self.k[:, :, n] = k
-        self.v[:, :, n] = v
-        self.length = n + 1
-
-    def reorder(self, order: Tensor):
-        n = self.length
-        for name in ("k", "v"):
-            buf = getattr(self, name)
-            new = buf.new_empty(order.numel(), *buf.shape[1:])
-            new[:, :, :n] = buf[:, :, :n].index_select(0, order)
-            setattr(self, name, new)
+def _reorder_cache(state: Dict[str, Tensor], order: Tensor):
+    """Beam reordering of a write_to_cache state: the valid prefix of each buffer, and the length."""
+    n = int(state["len"][0])
+    for name in ("kbuf", "vbuf"):
+        buf = state[name]
+        new = buf.new_empty(order.numel(), *buf.shape[1:])
+        new[:, :, :n] = buf[:, :, :n].index_select(0, order)
+        state[name] = new
+    state["len"] = state["len"].index_select(0, order)
 
 
 class TransformerStepper:
@@ -101,7 +85,7 @@ class TransformerStepper:
 
     def __init__(self, model, beam_size: int):
         self.model, self.dec, self.beam = model, model.decoder, max(1, beam_size)
-        self.caches: List[_SelfCache] = []
+        self.caches: List[Dict[str, Tensor]] = []  # per layer: kv_cache.write_to_cache's buffers
         self.cross: List[Dict[str, Optional[Tensor]]] = []
 
     def start(self, encoder_out: Dict[str, List[Tensor]]):
@@ -112,7 +96,7 @@ class TransformerStepper:
             enc = enc.view(enc.size(0), -1, self.beam, enc.size(2))[:, :, 0, :]
             if pad is not None:
                 pad = pad.view(-1, self.beam, pad.size(1))[:, 0, :]
-        self.caches = [_SelfCache() for _ in self.dec.layers]
+        self.caches = [{} for _ in self.dec.layers]
         self.cross = []
         for layer in self.dec.layers:
             att = layer.encoder_attn
@@ -122,17 +106,17 @@ class TransformerStepper:
             self.cross.append({"k": k, "v": v,  # fairseq's (strided) layout
                                "pad": pad if pad is not None and pad.any() else None})
 
-    def _self_attention(self, att: MultiheadAttention, x: Tensor, cache: _SelfCache) -> Tensor:
+    def _self_attention(self, att: MultiheadAttention, x: Tensor, cache: Dict[str, Tensor]) -> Tensor:
         bsz = x.size(1)
         q = att.q_proj(x)
         k = att.k_proj(x)
         v = att.v_proj(x)
         q *= att.scaling
         q = q.contiguous().view(1, bsz * att.num_heads, att.head_dim).transpose(0, 1)  # (B*H, 1, d_h)
-        cache.append(k.view(bsz, att.num_heads, att.head_dim), v.view(bsz, att.num_heads, att.head_dim))
-        n = cache.length
-        keys = cache.k[:, :, :n].reshape(bsz * att.num_heads, n, att.head_dim)
-        values = cache.v[:, :, :n].reshape(bsz * att.num_heads, n, att.head_dim)
+        kbuf, vbuf, n = write_to_cache(cache, k.view(bsz, att.num_heads, att.head_dim),
+                                       v.view(bsz, att.num_heads, att.head_dim))
+        keys = kbuf[:, :, :n].reshape(bsz * att.num_heads, n, att.head_dim)
+        values = vbuf[:, :, :n].reshape(bsz * att.num_heads, n, att.head_dim)
         probs = utils.softmax(torch.bmm(q, keys.transpose(1, 2)), dim=-1).type_as(q)
         out = torch.bmm(probs, values)  # (B*H, 1, d_h)
         return att.out_proj(out.transpose(0, 1).contiguous().view(1, bsz, att.embed_dim))
@@ -205,7 +189,7 @@ class TransformerStepper:
 
     def reorder(self, order: Tensor):
         for cache in self.caches:
-            cache.reorder(order)
+            _reorder_cache(cache, order)
         for cross in self.cross:  # per sentence: re-indexed only when sentences leave the batch
             kv_bsz = cross["k"].size(0) // self.dec.layers[0].encoder_attn.num_heads
             if kv_bsz * self.beam == order.numel():
