@@ -32,6 +32,8 @@ def test_extension_is_built_and_has_the_ops(device):
     assert hasattr(torch.ops.fairseq_ext, "sparse_ffn_decode")
     assert ops.has_kernel("sparse_ffn_decode", device), f"no {device} kernel in this build: {ops.build_info()}"
     assert ops.has_kernel("compressed_attention_decode", device), ops.build_info()
+    if device == "cpu":  # few_rows_linear is CPU only (cuBLAS serves few-row products on a GPU)
+        assert ops.has_kernel("few_rows_linear", device), ops.build_info()
 
 
 def _weights(d, d_ff, block, lowrank, dtype, seed, device="cpu"):
@@ -78,6 +80,79 @@ def test_sparse_ffn_decode_half_precision_cuda(d, d_ff, block, tokens, dtype):
     tol = 1e-2 if dtype == torch.float16 else 4e-2
     torch.testing.assert_close(out.double(), ref, rtol=tol, atol=tol)
     assert torch.equal(out, torch.ops.fairseq_ext.sparse_ffn_decode(x, *w, block))
+
+
+# few_rows_linear: rows 1..8 (one pass each, every R/tail split), 9..17 (two or three passes), odd
+# in/out features (K % 16 tails, N % 4 and N % 2 tail rows), no bias
+FEW_ROWS_SHAPES = [(1, 7, 3), (2, 16, 4), (3, 17, 5), (4, 33, 9), (5, 64, 31), (6, 100, 7), (7, 129, 13),
+                   (8, 48, 66), (9, 31, 10), (13, 80, 5), (17, 65, 33), (5, 1, 6), (3, 300, 1)]
+
+
+@pytest.mark.parametrize("rows,k,n", FEW_ROWS_SHAPES)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("bias", [True, False])
+def test_few_rows_linear_equals_reference(rows, k, n, dtype, bias):
+    g = torch.Generator().manual_seed(rows * 1000 + k + n)
+    x, w = torch.randn(rows, k, generator=g, dtype=dtype), torch.randn(n, k, generator=g, dtype=dtype)
+    b = torch.randn(n, generator=g, dtype=dtype) if bias else None
+    out = torch.ops.fairseq_ext.few_rows_linear(x, w, b)
+    ref = torch.nn.functional.linear(x.double(), w.double(), None if b is None else b.double())
+    tol = 1e-12 if dtype == torch.float64 else 3e-5 * max(1.0, k ** 0.5)
+    torch.testing.assert_close(out.double(), ref, rtol=tol, atol=tol)
+    assert torch.equal(out, torch.ops.fairseq_ext.few_rows_linear(x, w, b))  # deterministic
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the same sums in the same order whatever the thread count
+    try:
+        assert torch.equal(out, torch.ops.fairseq_ext.few_rows_linear(x, w, b))
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_few_rows_linear_reads_only_its_operands():
+    """NaN around the operands (views into larger poisoned buffers) must not leak: the kernel reads x and
+    W through their own strides (non-contiguous inputs are made contiguous first)."""
+    big_x = torch.full((6, 40), float("nan"))
+    big_w = torch.full((30, 50), float("nan"))
+    x, w = big_x[1:6, 3:35], big_w[2:25, 5:37]
+    x.copy_(torch.randn(5, 32))
+    w.copy_(torch.randn(23, 32))
+    b = torch.randn(23)
+    torch.testing.assert_close(torch.ops.fairseq_ext.few_rows_linear(x, w, b),
+                               torch.nn.functional.linear(x, w, b), rtol=2e-5, atol=2e-5)
+
+
+def test_few_rows_linear_entry_point_shapes_and_fallback(monkeypatch):
+    """The Python entry point keeps leading dims, uses the op for 3-16 rows and F.linear otherwise."""
+    from fairseq_ext.ops import few_rows_linear as frl
+
+    w, b = torch.randn(12, 20), torch.randn(12)
+    for shape in [(1, 5, 20), (5, 20), (2, 4, 20), (1, 20), (40, 20)]:
+        x = torch.randn(*shape)
+        torch.testing.assert_close(frl.few_rows_linear(x, w, b), torch.nn.functional.linear(x, w, b),
+                                   rtol=2e-5, atol=2e-5)
+    x = torch.randn(1, 5, 20)
+    with torch.no_grad():
+        assert frl.kernel_applies(x) and not frl.kernel_applies(x[:, :2]) and not frl.kernel_applies(torch.randn(40, 20))
+        monkeypatch.setenv("FAIRSEQ_EXT_NO_KERNELS", "1")
+        assert not frl.kernel_applies(x)
+    assert not frl.kernel_applies(x.requires_grad_())  # no backward: autograd keeps F.linear
+
+
+def test_few_rows_linear_clear_errors():
+    with pytest.raises(RuntimeError, match="weight must be"):
+        torch.ops.fairseq_ext.few_rows_linear(torch.randn(3, 8), torch.randn(4, 9), None)
+    with pytest.raises(RuntimeError, match="bias must be"):
+        torch.ops.fairseq_ext.few_rows_linear(torch.randn(3, 8), torch.randn(4, 8), torch.randn(5))
+    with pytest.raises(RuntimeError, match="x must be"):
+        torch.ops.fairseq_ext.few_rows_linear(torch.randn(3), torch.randn(4, 3), None)
+    with pytest.raises(RuntimeError, match="float32 or float64"):
+        torch.ops.fairseq_ext.few_rows_linear(torch.randn(3, 8).half(), torch.randn(4, 8).half(), None)
+
+
+def test_few_rows_linear_opcheck():
+    torch.library.opcheck(torch.ops.fairseq_ext.few_rows_linear.default, (torch.randn(5, 24), torch.randn(7, 24),
+                                                                         torch.randn(7)))
+    torch.library.opcheck(torch.ops.fairseq_ext.few_rows_linear.default, (torch.randn(3, 17), torch.randn(9, 17), None))
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -37,9 +37,11 @@ from fairseq.models.transformer import TransformerDecoderBase
 from fairseq.modules import MultiheadAttention
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase
 from fairseq.sequence_generator import EnsembleModel, SequenceGenerator
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..modules.kv_cache import write_to_cache
+from ..ops.few_rows_linear import kernel_applies as few_rows_linear_applies
 
 logger = logging.getLogger(__name__)
 
@@ -80,6 +82,30 @@ def _reorder_cache(state: Dict[str, Tensor], order: Tensor):
     state["len"] = state["len"].index_select(0, order)
 
 
+class _FusedQKV:
+    """The self-attention's Q, K and V projections as one (3d, d) matrix (one pass over x per step; built
+    when all three are plain Linear layers with biases alike, rebuilt when a weight changes)."""
+
+    def __init__(self, att: MultiheadAttention):
+        self.parts = (att.q_proj, att.k_proj, att.v_proj)
+        self.key, self.weight, self.bias = None, None, None
+
+    @staticmethod
+    def applies(att: MultiheadAttention) -> bool:
+        parts = (att.q_proj, att.k_proj, att.v_proj)
+        return (all(type(m) is nn.Linear for m in parts)
+                and len({m.bias is None for m in parts}) == 1 and len({m.weight.shape for m in parts}) == 1)
+
+    def refresh(self):
+        key = tuple((m.weight.data_ptr(), m.weight._version) + ((m.bias.data_ptr(), m.bias._version) if m.bias is not None else ())
+                    for m in self.parts)
+        if key != self.key:
+            with torch.no_grad():
+                self.weight = torch.cat([m.weight for m in self.parts])
+                self.bias = torch.cat([m.bias for m in self.parts]) if self.parts[0].bias is not None else None
+            self.key = key
+
+
 class TransformerStepper:
     """One incremental decoding step of a fairseq Transformer decoder (see module docstring)."""
 
@@ -87,6 +113,8 @@ class TransformerStepper:
         self.model, self.dec, self.beam = model, model.decoder, max(1, beam_size)
         self.caches: List[Dict[str, Tensor]] = []  # per layer: kv_cache.write_to_cache's buffers
         self.cross: List[Dict[str, Optional[Tensor]]] = []
+        self.qkv: List[Optional[_FusedQKV]] = []
+        self.kernel = False  # this step's projections through ops.few_rows_linear's kernel
 
     def start(self, encoder_out: Dict[str, List[Tensor]]):
         """Cross-attention keys/values of every layer, per sentence, from the beam-expanded encoder output."""
@@ -98,6 +126,11 @@ class TransformerStepper:
                 pad = pad.view(-1, self.beam, pad.size(1))[:, 0, :]
         self.caches = [{} for _ in self.dec.layers]
         self.cross = []
+        if len(self.qkv) != len(self.dec.layers):  # built once; weights re-checked every start
+            self.qkv = [_FusedQKV(l.self_attn) if _FusedQKV.applies(l.self_attn) else None for l in self.dec.layers]
+        for fused in self.qkv:
+            if fused is not None:
+                fused.refresh()
         for layer in self.dec.layers:
             att = layer.encoder_attn
             s, kv_bsz = enc.size(0), enc.size(1)
@@ -106,46 +139,53 @@ class TransformerStepper:
             self.cross.append({"k": k, "v": v,  # fairseq's (strided) layout
                                "pad": pad if pad is not None and pad.any() else None})
 
-    def _self_attention(self, att: MultiheadAttention, x: Tensor, cache: Dict[str, Tensor]) -> Tensor:
-        bsz = x.size(1)
-        q = att.q_proj(x)
-        k = att.k_proj(x)
-        v = att.v_proj(x)
-        q *= att.scaling
-        q = q.contiguous().view(1, bsz * att.num_heads, att.head_dim).transpose(0, 1)  # (B*H, 1, d_h)
-        kbuf, vbuf, n = write_to_cache(cache, k.view(bsz, att.num_heads, att.head_dim),
-                                       v.view(bsz, att.num_heads, att.head_dim))
-        keys = kbuf[:, :, :n].reshape(bsz * att.num_heads, n, att.head_dim)
-        values = vbuf[:, :, :n].reshape(bsz * att.num_heads, n, att.head_dim)
+    def _linear(self, x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
+        """x (rows, in) -> (rows, out): ops.few_rows_linear's kernel when step() found it applies (weights
+        read once for all rows), else F.linear."""
+        if self.kernel:
+            return torch.ops.fairseq_ext.few_rows_linear(x, weight, bias)
+        return F.linear(x, weight, bias)
+
+    def _module(self, module: nn.Module, x: Tensor) -> Tensor:
+        """A Linear layer through _linear; any other module (an int8 dynamically quantized Linear) as is."""
+        if type(module) is nn.Linear:
+            return self._linear(x, module.weight, module.bias)
+        return module(x)
+
+    def _self_attention(self, att: MultiheadAttention, fused: Optional[_FusedQKV], x: Tensor,
+                        cache: Dict[str, Tensor]) -> Tensor:
+        bsz, d, heads, dh = x.size(0), att.embed_dim, att.num_heads, att.head_dim
+        if fused is not None:
+            qkv = self._linear(x, fused.weight, fused.bias)  # (B, 3d)
+            q, k, v = qkv[:, :d], qkv[:, d:2 * d], qkv[:, 2 * d:]
+        else:
+            q, k, v = self._module(att.q_proj, x), self._module(att.k_proj, x), self._module(att.v_proj, x)
+        q = (q * att.scaling).view(bsz * heads, 1, dh)  # fairseq scales q after the projection
+        kbuf, vbuf, n = write_to_cache(cache, k.view(bsz, heads, dh), v.view(bsz, heads, dh))
+        keys = kbuf[:, :, :n].reshape(bsz * heads, n, dh)  # views: (B, H) merge without a copy
+        values = vbuf[:, :, :n].reshape(bsz * heads, n, dh)
         probs = utils.softmax(torch.bmm(q, keys.transpose(1, 2)), dim=-1).type_as(q)
-        out = torch.bmm(probs, values)  # (B*H, 1, d_h)
-        return att.out_proj(out.transpose(0, 1).contiguous().view(1, bsz, att.embed_dim))
+        return self._module(att.out_proj, torch.bmm(probs, values).view(bsz, d))
 
     def _cross_attention(self, att: MultiheadAttention, x: Tensor, cross) -> Tensor:
-        bsz = x.size(1)
-        q = att.q_proj(x)
-        q *= att.scaling
-        q = q.contiguous().view(1, bsz * att.num_heads, att.head_dim).transpose(0, 1)
-        k, v, pad = cross["k"], cross["v"], cross["pad"]
-        kv_bsz, src_len = k.size(0) // att.num_heads, k.size(1)
-        if bsz != kv_bsz:
-            w = torch.einsum("bxhtd,bhsd->bxhts", q.view((kv_bsz, -1, att.num_heads) + q.size()[1:]),
-                             k.view((kv_bsz, att.num_heads) + k.size()[1:]))
-            w = w.reshape((-1,) + w.size()[-2:])
-        else:
-            w = torch.bmm(q, k.transpose(1, 2))
+        bsz, d, heads, dh = x.size(0), att.embed_dim, att.num_heads, att.head_dim
+        q = self._module(att.q_proj, x) * att.scaling  # (B, d)
+        k, v, pad = cross["k"], cross["v"], cross["pad"]  # (kv_bsz * H, S, d_h)
+        kv_bsz, src_len = k.size(0) // heads, k.size(1)
+        rows = bsz // kv_bsz  # beam rows per sentence: one batched product per (sentence, head)
+        q = q.view(kv_bsz, rows, heads, dh).transpose(1, 2).reshape(kv_bsz * heads, rows, dh)
+        w = torch.bmm(q, k.transpose(1, 2))  # (kv_bsz * H, rows, S)
         if pad is not None:
-            w = w.view(kv_bsz, -1, att.num_heads, 1, src_len)
-            w = w.masked_fill(pad.unsqueeze(1).unsqueeze(2).unsqueeze(3).to(torch.bool), float("-inf"))
-            w = w.view(bsz * att.num_heads, 1, src_len)
+            w = w.view(kv_bsz, heads, rows, src_len).masked_fill(pad.view(kv_bsz, 1, 1, src_len).to(torch.bool),
+                                                                 float("-inf")).view(kv_bsz * heads, rows, src_len)
         probs = utils.softmax(w, dim=-1).type_as(w)
-        if bsz != kv_bsz:
-            out = torch.einsum("bxhts,bhsd->bxhtd", probs.view((kv_bsz, -1, att.num_heads) + probs.size()[1:]),
-                               v.view((kv_bsz, att.num_heads) + v.size()[1:]))
-            out = out.reshape((-1,) + out.size()[-2:])
-        else:
-            out = torch.bmm(probs, v)
-        return att.out_proj(out.transpose(0, 1).contiguous().view(1, bsz, att.embed_dim))
+        out = torch.bmm(probs, v)  # (kv_bsz * H, rows, d_h)
+        return self._module(att.out_proj, out.view(kv_bsz, heads, rows, dh).transpose(1, 2).reshape(bsz, d))
+
+    def _ffn(self, layer, h: Tensor) -> Tensor:
+        if type(layer.fc1) is nn.Linear and type(layer.fc2) is nn.Linear:  # fairseq's fc2(act(fc1(h)))
+            return self._module(layer.fc2, layer.activation_fn(self._module(layer.fc1, h)))
+        return layer.fc2(layer.activation_fn(layer.fc1(h)))  # other FFN modules (sparse FFN) as they are
 
     @torch.no_grad()
     def step(self, tokens: Tensor) -> Tensor:
@@ -153,20 +193,20 @@ class TransformerStepper:
         dec = self.dec
         positions = None
         if dec.embed_positions is not None:
-            positions = dec.embed_positions(tokens, incremental_state={})[:, -1:]  # fairseq's position rule
-        x = dec.embed_scale * dec.embed_tokens(tokens[:, -1:].contiguous())
+            positions = dec.embed_positions(tokens, incremental_state={})[:, -1]  # fairseq's position rule
+        x = dec.embed_scale * dec.embed_tokens(tokens[:, -1])  # (B, d): one row per hypothesis
+        self.kernel = few_rows_linear_applies(x)  # decided once per step for every projection
         if dec.project_in_dim is not None:
-            x = dec.project_in_dim(x)
+            x = self._module(dec.project_in_dim, x)
         if positions is not None:
             x += positions
         if dec.layernorm_embedding is not None:
             x = dec.layernorm_embedding(x)
-        x = x.transpose(0, 1)  # (1, B, d)
-        for layer, cache, cross in zip(dec.layers, self.caches, self.cross):
+        for layer, cache, cross, fused in zip(dec.layers, self.caches, self.cross, self.qkv):
             pre = layer.normalize_before
             residual = x
             h = layer.self_attn_layer_norm(x) if pre else x
-            x = residual + self._self_attention(layer.self_attn, h, cache)
+            x = residual + self._self_attention(layer.self_attn, fused, h, cache)
             if not pre:
                 x = layer.self_attn_layer_norm(x)
             residual = x
@@ -177,15 +217,15 @@ class TransformerStepper:
             if hasattr(layer, "fc1"):  # One Wide FFN layers may have none
                 residual = x
                 h = layer.final_layer_norm(x) if pre else x
-                x = residual + layer.fc2(layer.activation_fn(layer.fc1(h)))
+                x = residual + self._ffn(layer, h)
                 if not pre:
                     x = layer.final_layer_norm(x)
         if dec.layer_norm is not None:
             x = dec.layer_norm(x)
-        x = x.transpose(0, 1)
         if dec.project_out_dim is not None:
-            x = dec.project_out_dim(x)
-        return dec.output_layer(x)
+            x = self._module(dec.project_out_dim, x)
+        out = self._module(dec.output_projection, x) if dec.adaptive_softmax is None else dec.output_layer(x)
+        return out.unsqueeze(1)
 
     def reorder(self, order: Tensor):
         for cache in self.caches:

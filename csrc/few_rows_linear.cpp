@@ -1,0 +1,35 @@
+// few_rows_linear: y = x·Wᵀ + b (torch.nn.functional.linear) for a few rows of x, as in a decoding step
+// (batch × beam rows), reading W once for all rows. Schema and argument checks; the kernel is
+// csrc/cpu/few_rows_linear.cpp. PyTorch reference: fairseq_ext/ops/few_rows_linear.py (F.linear).
+//
+//   y[m, j] = b[j] + Σ_k x[m, k] · W[j, k]      x: (M, K), W: (N, K), b: (N) or none -> y: (M, N)
+//
+// Why: at 2-16 rows a BLAS GEMM packs W on every call (it is written for many rows), which reads and
+// writes the weight twice; a matrix-vector product streams it once. This kernel streams W once for up
+// to 8 rows at a time (issue 9: the linear layers are most of a CPU decoding step).
+#include <torch/extension.h>
+
+#include "few_rows_linear.h"
+
+namespace fairseq_ext {
+
+void check_few_rows_linear_args(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
+  TORCH_CHECK(x.dim() == 2, "few_rows_linear: x must be (rows, in_features), got ", x.sizes());
+  TORCH_CHECK(weight.dim() == 2 && weight.size(1) == x.size(1),
+              "few_rows_linear: weight must be (out_features, ", x.size(1), "), got ", weight.sizes());
+  TORCH_CHECK(weight.scalar_type() == x.scalar_type(), "few_rows_linear: weight must have x's dtype ",
+              x.scalar_type(), ", got ", weight.scalar_type());
+  TORCH_CHECK(weight.device() == x.device(), "few_rows_linear: weight must be on x's device");
+  if (bias.has_value() && bias->defined()) {
+    TORCH_CHECK(bias->dim() == 1 && bias->size(0) == weight.size(0), "few_rows_linear: bias must be (",
+                weight.size(0), "), got ", bias->sizes());
+    TORCH_CHECK(bias->scalar_type() == x.scalar_type(), "few_rows_linear: bias must have x's dtype");
+    TORCH_CHECK(bias->device() == x.device(), "few_rows_linear: bias must be on x's device");
+  }
+}
+
+}  // namespace fairseq_ext
+
+TORCH_LIBRARY_FRAGMENT(fairseq_ext, m) {
+  m.def("few_rows_linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor");
+}

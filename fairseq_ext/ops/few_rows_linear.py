@@ -1,0 +1,42 @@
+"""few_rows_linear: y = x·Wᵀ + b (F.linear) for the few rows of a CPU decoding step (batch × beam), reading
+the weight once for all rows (kernels: csrc/few_rows_linear.cpp, csrc/cpu/few_rows_linear.cpp).
+
+    y = few_rows_linear(x, weight, bias)      x: (..., K), weight: (N, K), bias: (N) or None -> (..., N)
+
+At 3-16 rows MKL's GEMM packs the weight on every call and reaches 13-21 GB/s on this machine; the
+kernel streams it once (31-34 GB/s on 4-16 MB weights, DRAM speed on larger ones; figures in
+docs/decoding/README.md). One row stays on F.linear (MKL's matrix-vector product already streams once).
+`F.linear` is the reference and the fallback.
+"""
+import torch
+import torch.nn.functional as F
+
+from . import kernel_serves
+
+KERNEL_DTYPES = {"cpu": (torch.float32, torch.float64)}  # csrc/cpu/few_rows_linear.cpp; CPU only
+MIN_ROWS, MAX_ROWS = 3, 16  # the rows the kernel is used for (2 rows: MKL is as fast; above 8: one pass per 8 rows)
+
+
+def few_rows_linear_reference(x, weight, bias=None):
+    return F.linear(x, weight, bias)
+
+
+def kernel_applies(x):
+    rows = x.numel() // max(1, x.size(-1))
+    return MIN_ROWS <= rows <= MAX_ROWS and kernel_serves("few_rows_linear", x, KERNEL_DTYPES)
+
+
+def few_rows_linear(x, weight, bias=None):
+    if kernel_applies(x):
+        out = torch.ops.fairseq_ext.few_rows_linear(x.reshape(-1, x.size(-1)), weight, bias)
+        return out.view(*x.shape[:-1], weight.size(0))
+    return F.linear(x, weight, bias)
+
+
+if hasattr(torch.library, "register_fake"):
+    try:
+        @torch.library.register_fake("fairseq_ext::few_rows_linear")
+        def _few_rows_linear_fake(x, weight, bias):
+            return x.new_empty(x.size(0), weight.size(0))
+    except (RuntimeError, ValueError):  # extension not loaded (no such op), or registered already
+        pass
