@@ -5,6 +5,10 @@
     python benchmarks/decode_speed.py --baseline transformer_wmt_en_de_big \\
         --candidates transformer_wmt_en_de_big+fast transformer_wmt_en_de_big+int8
         (fairseq_ext's fast decoding path on the same model; on a copy with an int8 decoder)
+    python benchmarks/decode_speed.py --baseline transformer_wmt_en_de_big \
+        --candidates transformer_wmt_en_de_big+ct2 transformer_wmt_en_de_big+ct2int8
+        (the same model converted to CTranslate2, fp32 / int8: benchmarks/ct2.py; optional, skipped with a
+        note when ctranslate2 is not installed)
 
 Every model decodes the same random sources (fixed length) with a forced target length
 (min_len = max_len), so all do the same number of steps; random weights (seeded) unless a model is
@@ -24,6 +28,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
+import ct2  # noqa: E402
 
 SWEEP = [1, 2, 4, 8, 16, 32, 64]
 
@@ -55,6 +60,23 @@ def make_generator(model, task, beam, tgt_len, name=""):
     return cls([model], task.target_dictionary, **kw)
 
 
+def ct2_suffix(name):
+    """The CTranslate2 suffix ("+ct2", "+ct2int8") a model name ends with, or None."""
+    return next((s for s in ct2.SUFFIXES if name.endswith(s)), None)
+
+
+def make_ct2_fn(model, task, name, sample, beam, tgt_len, threads):
+    """A CTranslate2 decoding of `sample` doing fairseq's forced-length work: tgt_len + 1 steps (fairseq
+    forces EOS at the last; CTranslate2 cannot, so it makes tgt_len + 1 ordinary tokens)."""
+    translator = ct2.translator(model, task, ct2.SUFFIXES[ct2_suffix(name)], threads)
+    src = ct2.source_tokens(sample, task.source_dictionary)
+    kw = dict(beam_size=beam, min_decoding_length=tgt_len + 1, max_decoding_length=tgt_len + 1)
+    lengths = {len(r.hypotheses[0]) for r in translator.translate_batch(src, **kw)}
+    if lengths != {tgt_len + 1}:
+        raise RuntimeError(f"{name}: expected {tgt_len + 1} output tokens, got {lengths}")
+    return lambda: translator.translate_batch(src, **kw)
+
+
 def bytes_per_step(model, bsz, beam, src_len, tgt_len):
     """Bytes a decoding step must read (fp32): the model's own estimate when it defines
     `decode_bytes_per_step`, else a standard encoder-decoder Transformer's, where a decoder module that
@@ -75,6 +97,15 @@ def bytes_per_step(model, bsz, beam, src_len, tgt_len):
     return 4 * (dec + kv + enc_only / (tgt_len + 1))
 
 
+def with_peak_rss(decode, name, peaks):
+    """decode() wrapped to record its peak RSS increase in peaks[name]."""
+    def fn():
+        with common.PeakRSS() as mem:
+            decode()
+        peaks[name] = max(peaks.get(name, 0), mem.peak - mem.start)
+    return fn
+
+
 def run(models, baseline, batch_sizes, beam, src_len, tgt_len, repeats, warmup, threads, seed=1):
     """models: {name: (model, task)}; returns the result dict (see module docstring)."""
     bandwidth = common.measure_bandwidth()
@@ -91,19 +122,20 @@ def run(models, baseline, batch_sizes, beam, src_len, tgt_len, repeats, warmup, 
             model, task = models[name]
             vocab = len(task.target_dictionary)
             sample = make_sample(bsz, src_len, vocab, task.target_dictionary.eos(), seed)
+            if ct2_suffix(name):
+                fns[name] = with_peak_rss(make_ct2_fn(model, task, name, sample, beam, tgt_len, threads), name, peaks)
+                continue
             gen = make_generator(model, task, beam, tgt_len, name)
             hyps = gen.generate([model], sample)  # check the forced length once
             lengths = {len(h[0]["tokens"]) for h in hyps}
             if lengths != {tgt_len + 1}:
                 raise RuntimeError(f"{name}: expected {tgt_len + 1} output tokens, got {lengths}")
 
-            def fn(gen=gen, model=model, sample=sample, name=name):
-                with common.PeakRSS() as mem:
-                    with torch.inference_mode():
-                        gen.generate([model], sample)
-                peaks[name] = max(peaks.get(name, 0), mem.peak - mem.start)
+            def decode(gen=gen, model=model, sample=sample):
+                with torch.inference_mode():
+                    gen.generate([model], sample)
 
-            fns[name] = fn
+            fns[name] = with_peak_rss(decode, name, peaks)
         times, order = common.interleaved(fns, repeats, warmup)
         result["run_order"][bsz] = order
         for name in names:
@@ -166,11 +198,24 @@ def plot(result, path):
 
 
 def parse_models(specs, vocab):
-    """'arch', 'arch@FLAGS', 'name=path.pt', any of them + '+fast' (same model, fast decoding path) or
-    '+int8' (a copy whose decoder the fast path quantizes to int8) ->
+    """'arch', 'arch@FLAGS', 'name=path.pt', any of them + '+fast' (same model, fast decoding path),
+    '+int8' (a copy whose decoder the fast path quantizes to int8) or '+ct2' / '+ct2int8' (the same model
+    in CTranslate2, fp32 / int8) ->
     {name: (model, task)}; unregistered archs are skipped with a note."""
     models = {}
     for spec in specs:
+        if ct2_suffix(spec):  # the same model, converted to CTranslate2 when the run starts
+            if not ct2.available():
+                print(f"skipping {spec}: ctranslate2 is not installed (pip install ctranslate2)", file=sys.stderr)
+                continue
+            base = spec[: -len(ct2_suffix(spec))]
+            found = models.get(base) or parse_models([base], vocab).get(base)
+            reason = ct2.unsupported_reason(found[0]) if found is not None else "not built"
+            if reason is not None:
+                print(f"skipping {spec}: CTranslate2 cannot run it ({reason})", file=sys.stderr)
+                continue
+            models[spec] = found
+            continue
         if spec.endswith(FAST):  # the same model (shared when also listed plainly), fast decoding path
             base = spec[: -len(FAST)]
             found = models.get(base) or parse_models([base], vocab).get(base)

@@ -33,6 +33,16 @@ PRESETS = {
                                     ["scaling_sparse_ff", "scaling_sparse_qkv", "scaling_sparse"], ["--beam", "5"]),
     # One Wide FFN whose 49,152-unit shared FFN is top-1-of-64 sparse, vs the dense One Wide FFN
     "decode_one_wide_sparse_ffn": (decode_speed, "one_wide_ffn_big", ["one_wide_sparse_ffn_big"], []),
+    # Fast decoding path (issue 9): fairseq's SequenceGenerator vs fairseq_ext's fast step (fp32, int8 decoder)
+    # vs CTranslate2 (fp32, int8) on the same weights; batch 1, beam 5
+    "decode_fast_big": (decode_speed, "transformer_wmt_en_de_big",
+                        ["transformer_wmt_en_de_big+fast", "transformer_wmt_en_de_big+int8",
+                         "transformer_wmt_en_de_big+ct2", "transformer_wmt_en_de_big+ct2int8"], []),
+    # One Wide FFN Big on the fast path against CTranslate2 running Transformer Big (fp32)
+    "decode_fast_one_wide": (decode_speed, "transformer_wmt_en_de_big+ct2",
+                             ["transformer_wmt_en_de_big+fast", "one_wide_ffn_big+fast", "one_wide_ffn_big+int8"], []),
+    "decode_fast_base": (decode_speed, "transformer",
+                         ["transformer+fast", "transformer+int8", "transformer+ct2", "transformer+ct2int8"], []),
     # Simplified blocks: training throughput vs Pre-LN in the paper's LM setting (18 x 768, MLP 3072,
     # context 128; paper: ~15% faster, ~15% fewer parameters), and the translation model vs base
     "train_sas_lm": (train_speed, "preln_lm", ["sas_lm", "sas_p_lm", "sas_p_nonorm_lm"],

@@ -27,6 +27,9 @@ if [ ! -f "$STAMP" ]; then
       scikit-learn packaging sentencepiece subword-nmt matplotlib pytest psutil
   touch "$STAMP"
 fi
+# benchmark-only: CTranslate2, the reference point of benchmarks/decode_speed.py's NAME+ct2 models (its
+# requirements are numpy, pyyaml, setuptools: no torch)
+"$VENV/bin/python" -c "import ctranslate2" 2>/dev/null || pip install -q ctranslate2==4.8.5 pyyaml
 # our package (editable) and its C++ extension; rebuilt when csrc/ or setup.py changed since the last build
 so=$(ls fairseq_ext/_C*.so 2>/dev/null | head -1 || true)
 if [ "${FAIRSEQ_EXT_NO_BUILD:-0}" = 1 ] || [ -z "$so" ] || [ -n "$(find csrc setup.py pyproject.toml -newer "$so" 2>/dev/null)" ] \

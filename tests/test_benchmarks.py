@@ -88,6 +88,39 @@ def test_decode_speed_fast_path_candidates(tmp_path):
     assert set(r["models"]) == set(names) and set(r["ratios"]["1"]) == set(names[1:])
 
 
+def test_decode_speed_ctranslate2_candidates(tmp_path):
+    """NAME+ct2 / NAME+ct2int8: the same model converted to CTranslate2 (installed by scripts/bootstrap.sh
+    as a benchmark-only dependency), doing the same forced-length work."""
+    pytest.importorskip("ctranslate2", reason="benchmark-only dependency; scripts/bootstrap.sh installs it")
+    names = [TINY[0], TINY[0] + "+ct2", TINY[0] + "+ct2int8"]
+    decode_speed.main(["--baseline", names[0], "--candidates", *names[1:], "--quick", "--vocab", "500",
+                       "--out-dir", str(tmp_path), "--name", "ct2"])
+    r = json.loads((tmp_path / "ct2.json").read_text())
+    assert set(r["models"]) == set(names) and set(r["ratios"]["1"]) == set(names[1:])
+
+
+def test_ctranslate2_conversion_scores_like_fairseq():
+    """The converted model gives fairseq's log-probabilities for a given target (so the speed comparison
+    runs the same network), and models CTranslate2 cannot map are refused with the reason."""
+    pytest.importorskip("ctranslate2", reason="benchmark-only dependency; scripts/bootstrap.sh installs it")
+    import ct2
+    import torch
+
+    model, task = common.build_model(TINY[0], 300)
+    sample = decode_speed.make_sample(2, 9, 300, task.target_dictionary.eos(), seed=3)
+    gen = decode_speed.make_generator(model, task, 3, 6)
+    with torch.no_grad():
+        hyps = gen.generate([model], sample)
+    translator = ct2.translator(model, task, "float32", threads=1)
+    src = ct2.source_tokens(sample, task.source_dictionary)
+    tgt = [[task.target_dictionary[int(i)] for i in h[0]["tokens"][:-1]] for h in hyps]
+    for h, scored in zip(hyps, translator.score_batch(src, tgt)):
+        expect = h[0]["positional_scores"].tolist()
+        assert scored.log_probs == pytest.approx(expect, abs=1e-4)
+    owf, _ = common.build_model("one_wide_ffn_tiny", 300)
+    assert "is not fairseq's" in ct2.unsupported_reason(owf)
+
+
 def test_presets_skip_unregistered_candidates(tmp_path, capsys):
     run_presets.main(["--quick", "--only", "decode_one_wide_ffn_base", "--out-dir", str(tmp_path)])
     r = json.loads((tmp_path / "decode_one_wide_ffn_base.json").read_text())

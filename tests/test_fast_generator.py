@@ -68,3 +68,28 @@ def test_int8_quantizes_the_decoder_and_decodes(tiny_data):
     assert isinstance(model.encoder.layers[0].fc1, torch.nn.Linear)  # the encoder stays fp32
     hyps = gen.generate([model], fixed_batch(task, n=3))
     assert len(hyps) == 3 and all(len(h) == 3 for h in hyps)
+
+
+@pytest.mark.parametrize("step,vocab", [(0, 50), (3, 50), (3, 7), (0, 7)])
+def test_two_stage_top_k_equals_fairseqs_beam_search(step, vocab):
+    """Same candidates, beams and scores as fairseq's BeamSearch.step (distinct scores; -inf entries as
+    blocked tokens leave); a vocabulary smaller than 2 x beam takes fairseq's single top-k."""
+    from fairseq.search import BeamSearch
+
+    from fairseq_ext.decoding.fast_generator import TwoStageBeamSearch
+
+    class Dict:
+        def pad(self): return 1
+        def unk(self): return 3
+        def eos(self): return 2
+        def __len__(self): return vocab
+
+    g = torch.Generator().manual_seed(step * 100 + vocab)
+    bsz, beam = 3, 5
+    lprobs = torch.randn(bsz, beam, vocab, generator=g).log_softmax(-1)
+    lprobs[:, :, 1] = float("-inf")  # pad, blocked as fairseq does
+    scores = torch.randn(bsz, beam, step + 1, generator=g).cumsum(-1) if step else None
+    ref = BeamSearch(Dict()).step(step, lprobs.clone(), scores)
+    out = TwoStageBeamSearch(Dict()).step(step, lprobs.clone(), scores)
+    for r, o in zip(ref, out):
+        assert torch.equal(r, o)

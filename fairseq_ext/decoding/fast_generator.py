@@ -36,6 +36,7 @@ from fairseq import utils
 from fairseq.models.transformer import TransformerDecoderBase
 from fairseq.modules import MultiheadAttention
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase
+from fairseq.search import BeamSearch
 from fairseq.sequence_generator import EnsembleModel, SequenceGenerator
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -143,7 +144,7 @@ class TransformerStepper:
         """x (rows, in) -> (rows, out): ops.few_rows_linear's kernel when step() found it applies (weights
         read once for all rows), else F.linear."""
         if self.kernel:
-            return torch.ops.fairseq_ext.few_rows_linear(x, weight, bias)
+            return torch.ops.fairseq_ext.few_rows_linear.default(x, weight, bias)
         return F.linear(x, weight, bias)
 
     def _module(self, module: nn.Module, x: Tensor) -> Tensor:
@@ -278,6 +279,29 @@ def quantize_decoder_int8(model):
     return model
 
 
+class TwoStageBeamSearch(BeamSearch):
+    """fairseq's BeamSearch with its top-k over (hypotheses × vocabulary) scores taken in two stages: the
+    best k of each hypothesis, then the best k of those (k = 2 × beam). Same candidates in the same
+    order whenever scores are distinct (the global best k are among their rows' best k); 2.5x less time
+    than one top-k over beam × vocabulary scores (160,000 at beam 5) on this machine."""
+
+    def step(self, step: int, lprobs, scores: Optional[Tensor], prev_output_tokens: Optional[Tensor] = None,
+             original_batch_idxs: Optional[Tensor] = None, candidate_multiple: int = 2):
+        bsz, beam_size, vocab_size = lprobs.size()
+        rows = 1 if step == 0 else beam_size  # step 0: all hypotheses equally likely, the first one only
+        k = min(candidate_multiple * beam_size, rows * vocab_size - 1)  # -1: never pad, as fairseq
+        if k > vocab_size:  # tiny vocabularies: one top-k
+            return super().step(step, lprobs, scores, prev_output_tokens, original_batch_idxs, candidate_multiple)
+        if step == 0:
+            lprobs = lprobs[:, ::beam_size, :].contiguous()
+        else:
+            lprobs = lprobs + scores[:, :, step - 1].unsqueeze(-1)
+        row_scores, row_tokens = torch.topk(lprobs, k)  # (bsz, rows, k)
+        scores_buf, pick = torch.topk(row_scores.view(bsz, -1), k)  # (bsz, k) among rows * k
+        beams_buf = torch.div(pick, k, rounding_mode="trunc")
+        return scores_buf, row_tokens.view(bsz, -1).gather(1, pick), beams_buf
+
+
 class FastSequenceGenerator(SequenceGenerator):
     """fairseq's SequenceGenerator (same arguments, same search) with the fast step when supported.
     int8=True (or the class attribute, which fairseq-ext-generate --int8 sets) quantizes the decoder's
@@ -289,6 +313,8 @@ class FastSequenceGenerator(SequenceGenerator):
         super().__init__(models, tgt_dict, **kwargs)
         models = list(self.model.models)
         self.fast_reason = unsupported_reason(models)
+        if type(self.search) is BeamSearch:  # plain beam search (not sampling, diverse, constrained, ...)
+            self.search = TwoStageBeamSearch(tgt_dict)
         if self.fast_reason is None:
             if self.int8 if int8 is None else int8:
                 quantize_decoder_int8(models[0])
