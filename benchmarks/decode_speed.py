@@ -65,16 +65,20 @@ def ct2_suffix(name):
     return next((s for s in ct2.SUFFIXES if name.endswith(s)), None)
 
 
-def make_ct2_fn(model, task, name, sample, beam, tgt_len, threads):
-    """A CTranslate2 decoding of `sample` doing fairseq's forced-length work: tgt_len + 1 steps (fairseq
-    forces EOS at the last; CTranslate2 cannot, so it makes tgt_len + 1 ordinary tokens)."""
-    translator = ct2.translator(model, task, ct2.SUFFIXES[ct2_suffix(name)], threads)
+def make_ct2_fn(worker, name, sample, task, beam, tgt_len, peaks):
+    """A CTranslate2 decoding of `sample` (in its ct2.Worker process) doing fairseq's forced-length work:
+    tgt_len + 1 steps (fairseq forces EOS at the last; CTranslate2 cannot, so it makes tgt_len + 1
+    ordinary tokens). Records the worker's peak RSS growth in peaks[name]."""
     src = ct2.source_tokens(sample, task.source_dictionary)
     kw = dict(beam_size=beam, min_decoding_length=tgt_len + 1, max_decoding_length=tgt_len + 1)
-    lengths = {len(r.hypotheses[0]) for r in translator.translate_batch(src, **kw)}
+    lengths = {len(h) for h in worker.translate(src, **kw)}
     if lengths != {tgt_len + 1}:
         raise RuntimeError(f"{name}: expected {tgt_len + 1} output tokens, got {lengths}")
-    return lambda: translator.translate_batch(src, **kw)
+
+    def fn():
+        worker.translate(src, **kw)
+        peaks[name] = max(peaks.get(name, 0), worker.peak_rss_delta)
+    return fn
 
 
 def bytes_per_step(model, bsz, beam, src_len, tgt_len):
@@ -116,6 +120,19 @@ def run(models, baseline, batch_sizes, beam, src_len, tgt_len, repeats, warmup, 
               "machine": common.machine_info(threads), "bandwidth_gb_s": bandwidth / 1e9,
               "models": {n: {"params": common.count_parameters(models[n][0]), "results": {}} for n in names},
               "ratios": {}, "run_order": {}}
+    workers = {}  # CTranslate2 models, one process each
+    try:
+        _run_batches(models, names, baseline, batch_sizes, beam, src_len, tgt_len, repeats, warmup, threads, seed,
+                     result, workers)
+    finally:
+        for worker in workers.values():
+            worker.close()
+    return result
+
+
+def _run_batches(models, names, baseline, batch_sizes, beam, src_len, tgt_len, repeats, warmup, threads, seed,
+                 result, workers):
+    bandwidth = result["bandwidth_gb_s"] * 1e9
     for bsz in batch_sizes:
         fns, peaks = {}, {}
         for name in names:
@@ -123,7 +140,10 @@ def run(models, baseline, batch_sizes, beam, src_len, tgt_len, repeats, warmup, 
             vocab = len(task.target_dictionary)
             sample = make_sample(bsz, src_len, vocab, task.target_dictionary.eos(), seed)
             if ct2_suffix(name):
-                fns[name] = with_peak_rss(make_ct2_fn(model, task, name, sample, beam, tgt_len, threads), name, peaks)
+                if name not in workers:  # converted here, run in its own process (benchmarks/ct2.py)
+                    ctype = ct2.SUFFIXES[ct2_suffix(name)]
+                    workers[name] = ct2.Worker(ct2.convert(model, task, ctype), ctype, threads)
+                fns[name] = make_ct2_fn(workers[name], name, sample, task, beam, tgt_len, peaks)
                 continue
             gen = make_generator(model, task, beam, tgt_len, name)
             hyps = gen.generate([model], sample)  # check the forced length once
@@ -153,7 +173,6 @@ def run(models, baseline, batch_sizes, beam, src_len, tgt_len, repeats, warmup, 
         for name in names[1:]:
             r = common.ratios(times, name, baseline)
             result["ratios"][bsz][name] = {**common.summary(r), "per_round": r}
-    return result
 
 
 def table(result):
