@@ -3,7 +3,8 @@
 #   examples/evaluate.sh MODEL_DIR CORPUS_DIR OUT_DIR [extra fairseq-generate flags...]
 # MODEL_DIR holds checkpoint.pt (or pass CKPT=path), spm.model, dict.en.txt, dict.de.txt, and
 # SHA256SUMS if it is a shipped model (verified first). TRAIN_LOG=path adds that fairseq-train log's
-# last validation (loss, perplexity) to score.json. The test set is tokenized with the model's own
+# last validation (loss, perplexity) to score.json. GENERATE=fairseq-ext-generate decodes with the fast
+# path (add --int8 to the flags for its int8 decoder). The test set is tokenized with the model's own
 # SentencePiece model and binarized with its dictionary. Beam 5 by default.
 set -euo pipefail
 model=$1; corpus=$2; out=$3; shift 3
@@ -20,7 +21,7 @@ if [ ! -f "$out/bin/.done" ]; then
     || { cat "$out/preprocess.log"; exit 1; }
   touch "$out/bin/.done"
 fi
-fairseq-generate "$out/bin" --user-dir "$here/../fairseq_ext" --cpu --path "$ckpt" --gen-subset test \
+"${GENERATE:-fairseq-generate}" "$out/bin" --user-dir "$here/../fairseq_ext" --cpu --path "$ckpt" --gen-subset test \
   --source-lang en --target-lang de --beam 5 --max-tokens 6000 --scoring sacrebleu \
   --post-process sentencepiece "$@" > "$out/generate.out" 2>&1 \
   || { tail -30 "$out/generate.out"; exit 1; }
