@@ -19,13 +19,13 @@ import math
 from typing import Dict, Optional
 
 import torch
-import torch.nn.functional as F
 from fairseq import utils
 from fairseq.incremental_decoding_utils import with_incremental_state
 from fairseq.modules.fairseq_dropout import FairseqDropout
 from torch import Tensor, nn
 
 from ..ops.compressed_attention import compressed_attention_decode
+from ..ops.few_rows_linear import few_rows_linear
 from .kv_cache import append_to_cache, write_to_cache
 
 
@@ -76,7 +76,7 @@ class CompressedAttention(nn.Module):
     def _x_projections(self, x):
         """q, k_self, v_self and X·W1+b1 of x. In decoding (eval mode with a cache) they are one matmul
         with the four weights concatenated (cached; rebuilt when a weight changes), as the paper notes
-        X·W1 can be computed together with X·W_q."""
+        X·W1 can be computed together with X·W_q (through ops.few_rows_linear's kernel at 3-16 rows)."""
         mods = [self.q_proj] + ([self.k_self, self.v_self] if self.self_attention else []) + \
                ([self.fc1] if self.ffn else [])
         if self.training or x.size(0) != 1:
@@ -88,7 +88,8 @@ class CompressedAttention(nn.Module):
             bias = torch.cat([mod.bias if mod.bias is not None else mod.weight.new_zeros(mod.out_features)
                               for mod in mods]).detach()
             self._fused, self._fused_key = (weight, bias), key
-        return F.linear(x, *self._fused).split([mod.out_features for mod in mods], dim=-1)
+        # few_rows_linear: the fused weight read once for all of a step's rows (batch x beam)
+        return few_rows_linear(x, *self._fused).split([mod.out_features for mod in mods], dim=-1)
 
     def forward(self, x, encoder_out: Optional[Tensor] = None, encoder_padding_mask: Optional[Tensor] = None,
                 self_attn_mask: Optional[Tensor] = None, self_padding_mask: Optional[Tensor] = None,
