@@ -47,14 +47,31 @@ def test_search_options_are_fairseqs(tiny_data):
 
 
 @pytest.mark.parametrize("arch", ["can_decoder_tiny", "scaling_sparse_tiny", "terraformer_tiny", "sas_block_tiny"])
-def test_other_archs_fall_back_with_a_reason(arch, tiny_data):
+@pytest.mark.parametrize("beam,bsz", [(5, 1), (3, 4)])
+def test_other_archs_take_the_generic_mode_with_fairseqs_hypotheses(arch, beam, bsz, tiny_data):
+    """Archs the TransformerStepper does not serve say why, and decode with their own incremental step
+    (OwnStepEnsembleModel: kernel output projection, two-stage top-k) to fairseq's hypotheses."""
+    from fairseq_ext.decoding.fast_generator import OwnStepEnsembleModel
+
     _, task, model, _ = build(tiny_data, arch)
+    torch.manual_seed(3)
+    with torch.no_grad():
+        for p in model.decoder.parameters():
+            p.mul_(1.5)
     model.eval()
     reason = unsupported_reason([model])
     assert reason
-    gen = FastSequenceGenerator([model], task.target_dictionary, beam_size=2, max_len_b=5)
-    assert gen.fast_reason == reason and not isinstance(gen.model, FastEnsembleModel)
-    assert len(gen.generate([model], fixed_batch(task, n=2))) == 2
+    sample = fixed_batch(task, n=bsz)
+    kw = dict(beam_size=beam, max_len_b=8)
+    gen = FastSequenceGenerator([model], task.target_dictionary, **kw)
+    assert gen.fast_reason == reason and isinstance(gen.model, OwnStepEnsembleModel)
+    with torch.no_grad():
+        ref = SequenceGenerator([model], task.target_dictionary, **kw).generate([model], sample)
+        fast = gen.generate([model], sample)
+    for r_hyps, f_hyps in zip(ref, fast):
+        assert [h["tokens"].tolist() for h in r_hyps] == [h["tokens"].tolist() for h in f_hyps]
+        for r, f in zip(r_hyps, f_hyps):
+            torch.testing.assert_close(f["positional_scores"], r["positional_scores"], rtol=1e-5, atol=1e-5)
 
 
 def test_int8_quantizes_the_decoder_and_decodes(tiny_data):

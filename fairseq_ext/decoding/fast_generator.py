@@ -33,6 +33,7 @@ from typing import Dict, List, Optional
 
 import torch
 from fairseq import utils
+from fairseq.models import FairseqIncrementalDecoder
 from fairseq.models.transformer import TransformerDecoderBase
 from fairseq.modules import MultiheadAttention
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase
@@ -270,6 +271,46 @@ class FastEnsembleModel(EnsembleModel):
         self.stepper.reorder(new_order)
 
 
+def own_step_reason(models) -> Optional[str]:
+    """None when the model's own incremental step can run under OwnStepEnsembleModel (one model whose
+    decoder is a fairseq incremental decoder with extract_features), else why not."""
+    if len(models) != 1:
+        return "ensembles of several models"
+    dec = getattr(models[0], "decoder", None)
+    if not isinstance(dec, FairseqIncrementalDecoder) or not hasattr(models[0], "encoder"):
+        return f"decoder {type(dec).__name__} (not an incremental encoder-decoder)"
+    return None
+
+
+class OwnStepEnsembleModel(EnsembleModel):
+    """For decoders the TransformerStepper does not know (CAN with its compressed-attention op, SAS,
+    sparse QKV, Terraformer): the model's own incremental step (`extract_features`), then the output
+    projection through ops.few_rows_linear when it is fairseq's plain Linear output layer (the largest
+    single read of a small decoder's step: 32,000 x d). With TwoStageBeamSearch this is the fast path's
+    generic mode; the arithmetic is the model's, so hypotheses are the same as fairseq's."""
+
+    def forward_decoder(self, tokens, encoder_outs: List[Dict[str, List[Tensor]]],
+                        incremental_states: List[Dict[str, Dict[str, Optional[Tensor]]]], temperature: float = 1.0):
+        model = self.models[0]
+        dec = model.decoder
+        x, extra = dec.extract_features(tokens, encoder_out=encoder_outs[0], incremental_state=incremental_states[0])
+        x = x[:, -1:, :]
+        plain = (type(dec).output_layer is TransformerDecoderBase.output_layer and dec.adaptive_softmax is None
+                 and type(dec.output_projection) is nn.Linear) if isinstance(dec, TransformerDecoderBase) else False
+        if plain and few_rows_linear_applies(x):
+            proj = dec.output_projection
+            logits = torch.ops.fairseq_ext.few_rows_linear.default(x[:, 0], proj.weight, proj.bias).unsqueeze(1)
+        else:
+            logits = dec.output_layer(x)
+        attn = None  # as fairseq's EnsembleModel: the last step's attention when the decoder returns one
+        if isinstance(extra, dict) and extra.get("attn") is not None:
+            holder = extra["attn"]
+            attn = holder if isinstance(holder, Tensor) else holder[0]
+            attn = attn[:, -1, :] if attn is not None else None
+        probs = model.get_normalized_probs((logits.div_(temperature), extra), log_probs=True, sample=None)
+        return probs[:, -1, :], attn
+
+
 def quantize_decoder_int8(model):
     """torch's dynamic int8 quantization of the decoder's Linear layers, in place: int8 weights (per
     tensor), activations quantized on the fly each step. The encoder (run once per sentence) stays fp32."""
@@ -315,14 +356,20 @@ class FastSequenceGenerator(SequenceGenerator):
         self.fast_reason = unsupported_reason(models)
         if type(self.search) is BeamSearch:  # plain beam search (not sampling, diverse, constrained, ...)
             self.search = TwoStageBeamSearch(tgt_dict)
+        int8 = self.int8 if int8 is None else int8
         if self.fast_reason is None:
-            if self.int8 if int8 is None else int8:
+            if int8:
                 quantize_decoder_int8(models[0])
             self.model = FastEnsembleModel(models, self.beam_size)
             self.model.eval()
+        elif own_step_reason(models) is None:
+            self.model = OwnStepEnsembleModel(models)
+            self.model.eval()
+            logger.info(f"fast decoding path, generic mode (the model's own incremental step; {self.fast_reason})"
+                        + (": int8 needs the full fast path, decoding in fp32" if int8 else ""))
         else:
             logger.info(f"fast decoding path not used ({self.fast_reason}): fairseq's SequenceGenerator step"
-                        + (" in fp32 (int8 needs the fast path)" if (self.int8 if int8 is None else int8) else ""))
+                        + (" in fp32 (int8 needs the fast path)" if int8 else ""))
 
     def _generate(self, sample, prefix_tokens=None, constraints=None, bos_token=None):
         if isinstance(self.model, FastEnsembleModel):
