@@ -52,14 +52,18 @@ def unsupported_reason(model):
 
 def translator(model, task, compute_type="float32", threads=1):
     """An in-process ctranslate2.Translator on CPU for this model (see the module docstring's caveat)."""
-    import ctranslate2
-
     folder = convert(model, task, compute_type)
     try:
-        return ctranslate2.Translator(folder, device="cpu", compute_type=compute_type, inter_threads=1,
-                                      intra_threads=threads)
+        return _load(folder, compute_type, threads)
     finally:  # loaded into memory: the files are not read again
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def _load(folder, compute_type, threads):
+    import ctranslate2
+
+    return ctranslate2.Translator(folder, device="cpu", compute_type=compute_type, inter_threads=1,
+                                  intra_threads=int(threads))
 
 
 def convert(model, task, compute_type="float32"):
@@ -137,11 +141,8 @@ class Worker:
 
 def _serve(folder, compute_type, threads):
     """Child side of Worker: pickled (batch, kwargs) requests on stdin, replies on stdout; EOF ends it."""
-    import ctranslate2
-
     inp, out = sys.stdin.buffer, sys.stdout.buffer
-    translator = ctranslate2.Translator(folder, device="cpu", compute_type=compute_type, inter_threads=1,
-                                        intra_threads=int(threads))
+    translator = _load(folder, compute_type, threads)
     loaded = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     while True:
         try:
@@ -161,10 +162,6 @@ def _serve(folder, compute_type, threads):
         out.flush()
 
 
-if __name__ == "__main__" and len(sys.argv) == 5 and sys.argv[1] == "serve":
-    _serve(*sys.argv[2:])
-
-
 def source_tokens(sample, dictionary):
     """The sample's sources as CTranslate2 token lists (its converter appends the source EOS itself)."""
     out = []
@@ -174,3 +171,7 @@ def source_tokens(sample, dictionary):
             ids = ids[:-1]
         out.append([dictionary[i] for i in ids])
     return out
+
+
+if __name__ == "__main__" and len(sys.argv) == 5 and sys.argv[1] == "serve":
+    _serve(*sys.argv[2:])

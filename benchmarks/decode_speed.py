@@ -216,6 +216,11 @@ def plot(result, path):
     plt.close(fig)
 
 
+def _same_model(base, models, vocab):
+    """(model, task) of spec `base`: the one already parsed (shared), else built; None if unregistered."""
+    return models.get(base) or parse_models([base], vocab).get(base)
+
+
 def parse_models(specs, vocab):
     """'arch', 'arch@FLAGS', 'name=path.pt', any of them + '+fast' (same model, fast decoding path),
     '+int8' (a copy whose decoder the fast path quantizes to int8) or '+ct2' / '+ct2int8' (the same model
@@ -227,8 +232,7 @@ def parse_models(specs, vocab):
             if not ct2.available():
                 print(f"skipping {spec}: ctranslate2 is not installed (pip install ctranslate2)", file=sys.stderr)
                 continue
-            base = spec[: -len(ct2_suffix(spec))]
-            found = models.get(base) or parse_models([base], vocab).get(base)
+            found = _same_model(spec[: -len(ct2_suffix(spec))], models, vocab)
             reason = ct2.unsupported_reason(found[0]) if found is not None else "not built"
             if reason is not None:
                 print(f"skipping {spec}: CTranslate2 cannot run it ({reason})", file=sys.stderr)
@@ -236,8 +240,7 @@ def parse_models(specs, vocab):
             models[spec] = found
             continue
         if spec.endswith(FAST):  # the same model (shared when also listed plainly), fast decoding path
-            base = spec[: -len(FAST)]
-            found = models.get(base) or parse_models([base], vocab).get(base)
+            found = _same_model(spec[: -len(FAST)], models, vocab)
             if found is not None:
                 models[spec] = found
             continue

@@ -12,20 +12,23 @@ generic incremental decoding for decoders built from fairseq's Transformer layer
 - no incremental-state dictionaries (fairseq builds a string key and looks it up per module per step),
   no alignment / mask plumbing; the encoder output is not re-indexed every step (nothing reads it after
   the first step);
-- the arithmetic is fairseq's (same projections in the same order, the same einsum for the beamable
-  cross-attention, float32 softmax); the caches' memory layouts differ, so BLAS may sum in another
-  order: scores agree to ~1e-6 and hypotheses are token-identical (tests/test_fast_generator.py).
+- Q, K and V as one product (modules/fused_linear.py); every projection and the output projection
+  through ops.few_rows_linear at 3-16 rows (batch x beam), which reads each weight once for all rows
+  where MKL's GEMM repacks it every call; the top-k of beam search in two stages (TwoStageBeamSearch);
+- the arithmetic is fairseq's (the same products and float32 softmax); the kernel and the caches' memory
+  layouts sum in another order, so scores agree to ~1e-6 and hypotheses are token-identical
+  (tests/test_fast_generator.py).
 
-Measured so far (Transformer Base, batch 1, beam 5, 2 cores shared with a training run): 1.03x fairseq's
-step; a profile of the fast path puts 57% of the time in the linear layers (at ~10 GB/s, near this
-machine's bandwidth), 15% in Python around the step, 5% in beam search's topk: the remaining gains are
-in fewer bytes per step (int8) and less per-op overhead, not in the caches (issue 9 note).
+Transformer Big, batch 1, beam 5 on 2 cores: 1.58x fairseq's generator in fp32, 2.91x with the int8
+decoder; figures, profile before/after and the CTranslate2 comparison in docs/decoding/README.md.
 
 Supported: one model whose decoder is fairseq's TransformerDecoderBase with TransformerDecoderLayerBase
 layers (stock transformer, transformer_balanced, every One Wide FFN placement incl. layers without FFN,
 the sparse FFN of scaling_sparse_ff / one_wide_sparse_ffn), fairseq MultiheadAttention without
 bias_kv / zero_attn, no cross-self-attention, head scaling, attention LayerNorm or adaptive softmax.
-Anything else falls back to fairseq's step with a one-line notice (`unsupported_reason`).
+Other incremental encoder-decoders (CAN, SAS, sparse QKV, Terraformer) take the generic mode
+(`OwnStepEnsembleModel`: their own step, the kernel output projection, the two-stage top-k) with a
+one-line notice saying why (`unsupported_reason`); ensembles use fairseq's step.
 """
 import logging
 import warnings
@@ -42,7 +45,8 @@ from fairseq.sequence_generator import EnsembleModel, SequenceGenerator
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..modules.kv_cache import write_to_cache
+from ..modules.fused_linear import FusedLinearWeights
+from ..modules.kv_cache import reorder_written_cache, write_to_cache
 from ..ops.few_rows_linear import kernel_applies as few_rows_linear_applies
 
 logger = logging.getLogger(__name__)
@@ -73,39 +77,12 @@ def unsupported_reason(models) -> Optional[str]:
     return None
 
 
-def _reorder_cache(state: Dict[str, Tensor], order: Tensor):
-    """Beam reordering of a write_to_cache state: the valid prefix of each buffer, and the length."""
-    n = int(state["len"][0])
-    for name in ("kbuf", "vbuf"):
-        buf = state[name]
-        new = buf.new_empty(order.numel(), *buf.shape[1:])
-        new[:, :, :n] = buf[:, :, :n].index_select(0, order)
-        state[name] = new
-    state["len"] = state["len"].index_select(0, order)
-
-
-class _FusedQKV:
-    """The self-attention's Q, K and V projections as one (3d, d) matrix (one pass over x per step; built
-    when all three are plain Linear layers with biases alike, rebuilt when a weight changes)."""
-
-    def __init__(self, att: MultiheadAttention):
-        self.parts = (att.q_proj, att.k_proj, att.v_proj)
-        self.key, self.weight, self.bias = None, None, None
-
-    @staticmethod
-    def applies(att: MultiheadAttention) -> bool:
-        parts = (att.q_proj, att.k_proj, att.v_proj)
-        return (all(type(m) is nn.Linear for m in parts)
-                and len({m.bias is None for m in parts}) == 1 and len({m.weight.shape for m in parts}) == 1)
-
-    def refresh(self):
-        key = tuple((m.weight.data_ptr(), m.weight._version) + ((m.bias.data_ptr(), m.bias._version) if m.bias is not None else ())
-                    for m in self.parts)
-        if key != self.key:
-            with torch.no_grad():
-                self.weight = torch.cat([m.weight for m in self.parts])
-                self.bias = torch.cat([m.bias for m in self.parts]) if self.parts[0].bias is not None else None
-            self.key = key
+def _fuses_qkv(att: MultiheadAttention) -> bool:
+    """Whether the self-attention's Q, K, V projections can run as one product (plain Linear layers of
+    one shape with biases alike)."""
+    parts = (att.q_proj, att.k_proj, att.v_proj)
+    return (all(type(m) is nn.Linear for m in parts)
+            and len({m.bias is None for m in parts}) == 1 and len({m.weight.shape for m in parts}) == 1)
 
 
 class TransformerStepper:
@@ -115,7 +92,7 @@ class TransformerStepper:
         self.model, self.dec, self.beam = model, model.decoder, max(1, beam_size)
         self.caches: List[Dict[str, Tensor]] = []  # per layer: kv_cache.write_to_cache's buffers
         self.cross: List[Dict[str, Optional[Tensor]]] = []
-        self.qkv: List[Optional[_FusedQKV]] = []
+        self.qkv: List[Optional[FusedLinearWeights]] = []  # per layer: fused Q/K/V weights, or None
         self.kernel = False  # this step's projections through ops.few_rows_linear's kernel
 
     def start(self, encoder_out: Dict[str, List[Tensor]]):
@@ -128,11 +105,9 @@ class TransformerStepper:
                 pad = pad.view(-1, self.beam, pad.size(1))[:, 0, :]
         self.caches = [{} for _ in self.dec.layers]
         self.cross = []
-        if len(self.qkv) != len(self.dec.layers):  # built once; weights re-checked every start
-            self.qkv = [_FusedQKV(l.self_attn) if _FusedQKV.applies(l.self_attn) else None for l in self.dec.layers]
-        for fused in self.qkv:
-            if fused is not None:
-                fused.refresh()
+        if len(self.qkv) != len(self.dec.layers):  # built once; rebuilt by get() when a weight changes
+            self.qkv = [FusedLinearWeights([l.self_attn.q_proj, l.self_attn.k_proj, l.self_attn.v_proj])
+                        if _fuses_qkv(l.self_attn) else None for l in self.dec.layers]
         for layer in self.dec.layers:
             att = layer.encoder_attn
             s, kv_bsz = enc.size(0), enc.size(1)
@@ -154,11 +129,11 @@ class TransformerStepper:
             return self._linear(x, module.weight, module.bias)
         return module(x)
 
-    def _self_attention(self, att: MultiheadAttention, fused: Optional[_FusedQKV], x: Tensor,
+    def _self_attention(self, att: MultiheadAttention, fused: Optional[FusedLinearWeights], x: Tensor,
                         cache: Dict[str, Tensor]) -> Tensor:
         bsz, d, heads, dh = x.size(0), att.embed_dim, att.num_heads, att.head_dim
         if fused is not None:
-            qkv = self._linear(x, fused.weight, fused.bias)  # (B, 3d)
+            qkv = self._linear(x, *fused.get())  # (B, 3d)
             q, k, v = qkv[:, :d], qkv[:, d:2 * d], qkv[:, 2 * d:]
         else:
             q, k, v = self._module(att.q_proj, x), self._module(att.k_proj, x), self._module(att.v_proj, x)
@@ -231,7 +206,7 @@ class TransformerStepper:
 
     def reorder(self, order: Tensor):
         for cache in self.caches:
-            _reorder_cache(cache, order)
+            reorder_written_cache(cache, order)
         for cross in self.cross:  # per sentence: re-indexed only when sentences leave the batch
             kv_bsz = cross["k"].size(0) // self.dec.layers[0].encoder_attn.num_heads
             if kv_bsz * self.beam == order.numel():
@@ -289,15 +264,20 @@ class OwnStepEnsembleModel(EnsembleModel):
     single read of a small decoder's step: 32,000 x d). With TwoStageBeamSearch this is the fast path's
     generic mode; the arithmetic is the model's, so hypotheses are the same as fairseq's."""
 
+    def __init__(self, models):
+        super().__init__(models)
+        dec = models[0].decoder  # fairseq's output layer is exactly its Linear output projection
+        self.plain_output = (isinstance(dec, TransformerDecoderBase) and dec.adaptive_softmax is None
+                             and type(dec).output_layer is TransformerDecoderBase.output_layer
+                             and type(dec.output_projection) is nn.Linear)
+
     def forward_decoder(self, tokens, encoder_outs: List[Dict[str, List[Tensor]]],
                         incremental_states: List[Dict[str, Dict[str, Optional[Tensor]]]], temperature: float = 1.0):
         model = self.models[0]
         dec = model.decoder
         x, extra = dec.extract_features(tokens, encoder_out=encoder_outs[0], incremental_state=incremental_states[0])
         x = x[:, -1:, :]
-        plain = (type(dec).output_layer is TransformerDecoderBase.output_layer and dec.adaptive_softmax is None
-                 and type(dec.output_projection) is nn.Linear) if isinstance(dec, TransformerDecoderBase) else False
-        if plain and few_rows_linear_applies(x):
+        if self.plain_output and few_rows_linear_applies(x):
             proj = dec.output_projection
             logits = torch.ops.fairseq_ext.few_rows_linear.default(x[:, 0], proj.weight, proj.bias).unsqueeze(1)
         else:

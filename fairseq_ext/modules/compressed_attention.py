@@ -26,6 +26,7 @@ from torch import Tensor, nn
 
 from ..ops.compressed_attention import compressed_attention_decode
 from ..ops.few_rows_linear import few_rows_linear
+from .fused_linear import FusedLinearWeights
 from .kv_cache import append_to_cache, write_to_cache
 
 
@@ -81,15 +82,9 @@ class CompressedAttention(nn.Module):
                ([self.fc1] if self.ffn else [])
         if self.training or x.size(0) != 1:
             return [mod(x) for mod in mods]
-        params = [p for mod in mods for p in (mod.weight, mod.bias) if p is not None]
-        key = tuple((p.data_ptr(), p._version, p.dtype, p.device) for p in params)
-        if getattr(self, "_fused_key", None) != key:
-            weight = torch.cat([mod.weight for mod in mods]).detach()
-            bias = torch.cat([mod.bias if mod.bias is not None else mod.weight.new_zeros(mod.out_features)
-                              for mod in mods]).detach()
-            self._fused, self._fused_key = (weight, bias), key
-        # few_rows_linear: the fused weight read once for all of a step's rows (batch x beam)
-        return few_rows_linear(x, *self._fused).split([mod.out_features for mod in mods], dim=-1)
+        if getattr(self, "_fused", None) is None:
+            self._fused = FusedLinearWeights(mods)
+        return few_rows_linear(x, *self._fused.get()).split(self._fused.sizes, dim=-1)
 
     def forward(self, x, encoder_out: Optional[Tensor] = None, encoder_padding_mask: Optional[Tensor] = None,
                 self_attn_mask: Optional[Tensor] = None, self_padding_mask: Optional[Tensor] = None,

@@ -1,7 +1,7 @@
 """The self-attention key/value caches of incremental decoding, shared by the attention modules of this
 package (compressed, sparse QKV, shaped). `append_to_cache` grows the cache by concatenation, as fairseq's
 own MultiheadAttention does; `write_to_cache` writes one step in place into a preallocated buffer that
-doubles when full (the decoding ops read its valid prefix). `mask_scores` applies key padding and an additive
+doubles when full (the decoding ops read its valid prefix; `reorder_written_cache` reorders it for beam search). `mask_scores` applies key padding and an additive
 mask for the sparse QKV and Terraformer attentions.
 """
 from typing import Dict, Optional
@@ -47,6 +47,19 @@ def write_to_cache(state: Dict[str, Tensor], k: Tensor, v: Tensor, prefix: str =
     state[vk][:, :, n] = v
     state[lk] = torch.full((k.size(0),), n + 1, dtype=torch.long, device=k.device)
     return state[kk], state[vk], n + 1
+
+
+def reorder_written_cache(state: Dict[str, Tensor], order: Tensor, prefix: str = ""):
+    """Beam reordering of a write_to_cache state: only the valid prefix of each buffer is copied (into new
+    buffers of the same capacity), and the length."""
+    kk, vk, lk = prefix + "kbuf", prefix + "vbuf", prefix + "len"
+    n = int(state[lk][0])
+    for name in (kk, vk):
+        buf = state[name]
+        new = buf.new_empty(order.numel(), *buf.shape[1:])
+        new[:, :, :n] = buf[:, :, :n].index_select(0, order)
+        state[name] = new
+    state[lk] = state[lk].index_select(0, order)
 
 
 def mask_scores(scores: Tensor, pad: Optional[Tensor], attn_mask: Optional[Tensor]) -> Tensor:

@@ -3,9 +3,9 @@ the weight once for all rows (kernels: csrc/few_rows_linear.cpp, csrc/cpu/few_ro
 
     y = few_rows_linear(x, weight, bias)      x: (..., K), weight: (N, K), bias: (N) or None -> (..., N)
 
-At 3-16 rows MKL's GEMM packs the weight on every call and reaches 13-21 GB/s on this machine; the
-kernel streams it once (31-34 GB/s on 4-16 MB weights, DRAM speed on larger ones; figures in
-docs/decoding/README.md). One row stays on F.linear (MKL's matrix-vector product already streams once).
+At 3-16 rows MKL's GEMM packs the weight on every call: 9-10 GB/s on this machine when the weights are
+not in cache (as in a decoding step), where the kernel streams them at 15-18 GB/s (figures in
+docs/decoding/README.md). One or two rows stay on F.linear (MKL is as fast there).
 `F.linear` is the reference and the fallback.
 """
 import torch
