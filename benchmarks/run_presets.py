@@ -43,11 +43,13 @@ PRESETS = {
                              ["transformer_wmt_en_de_big+fast", "one_wide_ffn_big+fast", "one_wide_ffn_big+int8"], []),
     "decode_fast_base": (decode_speed, "transformer",
                          ["transformer+fast", "transformer+int8", "transformer+ct2", "transformer+ct2int8"], []),
-    # the fast path's generic mode (the model's own step, kernel output projection, two-stage top-k) on
-    # CAN (beam 4, as its recipe) and the simplified blocks, next to their baselines on the fast path
+    # the fast path's CAN and SAS steppers (fp32, int8 decoder) on CAN (beam 4, as its recipe) and the
+    # simplified blocks, next to their baselines on the fast path
     "decode_fast_can": (decode_speed, "can_decoder",
-                        ["can_decoder+fast", "transformer_balanced", "transformer_balanced+fast"], ["--beam", "4"]),
-    "decode_fast_sas": (decode_speed, "sas_block", ["sas_block+fast", "transformer", "transformer+fast"], []),
+                        ["can_decoder+fast", "can_decoder+int8", "transformer_balanced", "transformer_balanced+fast"],
+                        ["--beam", "4"]),
+    "decode_fast_sas": (decode_speed, "sas_block",
+                        ["sas_block+fast", "sas_block+int8", "transformer", "transformer+fast"], []),
     # Simplified blocks: training throughput vs Pre-LN in the paper's LM setting (18 x 768, MLP 3072,
     # context 128; paper: ~15% faster, ~15% fewer parameters), and the translation model vs base
     "train_sas_lm": (train_speed, "preln_lm", ["sas_lm", "sas_p_lm", "sas_p_nonorm_lm"],

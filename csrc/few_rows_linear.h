@@ -9,4 +9,9 @@ namespace fairseq_ext {
 // Shapes, dtypes and devices of few_rows_linear's arguments; throws naming the argument.
 void check_few_rows_linear_args(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias);
 
+// The CPU kernel (float32 / float64), also called by other CPU kernels for their last product at the row
+// counts it serves (fairseq_ext/ops/few_rows_linear.py: MIN_ROWS..MAX_ROWS).
+at::Tensor few_rows_linear_cpu(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias);
+constexpr int64_t kFewRowsMin = 3, kFewRowsMax = 16;
+
 }  // namespace fairseq_ext

@@ -9,7 +9,7 @@ from fairseq_ext.decoding.fast_generator import FastEnsembleModel, FastSequenceG
 from matrix import build, fixed_batch
 
 SERVED = ["transformer_tiny", "transformer_balanced_tiny", "one_wide_ffn_tiny", "one_wide_ffn_cycle_tiny",
-          "one_wide_sparse_ffn_tiny"]
+          "one_wide_sparse_ffn_tiny", "can_decoder_tiny", "sas_block_tiny", "sas_block_nonorm_tiny"]
 
 
 def _compare(model, task, sample, **kw):
@@ -46,10 +46,11 @@ def test_search_options_are_fairseqs(tiny_data):
     _compare(model, task, sample, beam_size=4, min_len=5, no_repeat_ngram_size=2, unk_penalty=0.5, max_len_b=9)
 
 
-@pytest.mark.parametrize("arch", ["can_decoder_tiny", "scaling_sparse_tiny", "terraformer_tiny", "sas_block_tiny"])
+@pytest.mark.parametrize("arch", ["can_decoder_attention_tiny", "can_decoder_ffn_tiny", "scaling_sparse_tiny",
+                                  "terraformer_tiny"])
 @pytest.mark.parametrize("beam,bsz", [(5, 1), (3, 4)])
 def test_other_archs_take_the_generic_mode_with_fairseqs_hypotheses(arch, beam, bsz, tiny_data):
-    """Archs the TransformerStepper does not serve say why, and decode with their own incremental step
+    """Archs no Stepper serves say why, and decode with their own incremental step
     (OwnStepEnsembleModel: kernel output projection, two-stage top-k) to fairseq's hypotheses."""
     from fairseq_ext.decoding.fast_generator import OwnStepEnsembleModel
 
@@ -74,17 +75,31 @@ def test_other_archs_take_the_generic_mode_with_fairseqs_hypotheses(arch, beam, 
             torch.testing.assert_close(f["positional_scores"], r["positional_scores"], rtol=1e-5, atol=1e-5)
 
 
-def test_int8_quantizes_the_decoder_and_decodes(tiny_data):
+@pytest.mark.parametrize("arch", ["transformer_tiny", "can_decoder_tiny", "sas_block_tiny"])
+def test_int8_quantizes_the_decoder_and_decodes_as_fairseq_on_the_quantized_model(arch, tiny_data):
+    """--int8: the decoder's Linear layers become dynamically quantized int8 layers (the encoder stays
+    fp32) and the fast step gives the hypotheses fairseq's own step gives on the same quantized model."""
     from torch.ao.nn.quantized.dynamic import Linear as QLinear
 
-    _, task, model, _ = build(tiny_data, "transformer_tiny")
+    _, task, model, _ = build(tiny_data, arch)
+    with torch.no_grad():
+        for p in model.decoder.parameters():
+            p.mul_(1.5)
     model.eval()
-    gen = FastSequenceGenerator([model], task.target_dictionary, int8=True, beam_size=3, max_len_b=6)
+    kw = dict(beam_size=3, max_len_b=8)
+    gen = FastSequenceGenerator([model], task.target_dictionary, int8=True, **kw)
     assert isinstance(gen.model, FastEnsembleModel)
-    assert isinstance(model.decoder.layers[0].fc1, QLinear) and isinstance(model.decoder.output_projection, QLinear)
-    assert isinstance(model.encoder.layers[0].fc1, torch.nn.Linear)  # the encoder stays fp32
-    hyps = gen.generate([model], fixed_batch(task, n=3))
-    assert len(hyps) == 3 and all(len(h) == 3 for h in hyps)
+    assert isinstance(model.decoder.output_projection, QLinear)
+    assert sum(isinstance(m, QLinear) for m in model.decoder.layers.modules()) >= 4 * len(model.decoder.layers)
+    assert not any(isinstance(m, QLinear) for m in model.encoder.modules())  # the encoder stays fp32
+    sample = fixed_batch(task, n=3)
+    with torch.no_grad():
+        ref = SequenceGenerator([model], task.target_dictionary, **kw).generate([model], sample)
+        fast = gen.generate([model], sample)
+    for r_hyps, f_hyps in zip(ref, fast):
+        assert [h["tokens"].tolist() for h in r_hyps] == [h["tokens"].tolist() for h in f_hyps]
+        for r, f in zip(r_hyps, f_hyps):
+            torch.testing.assert_close(f["positional_scores"], r["positional_scores"], rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("step,vocab", [(0, 50), (3, 50), (3, 7), (0, 7)])

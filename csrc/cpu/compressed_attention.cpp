@@ -2,7 +2,8 @@
 // Parallel over (batch, head): the scores over the encoder keys and the valid cached decoder keys go to
 // a per-task scratch row (the caches are never concatenated), one max / exp / sum over both (Eq. 11),
 // then ctx = Σ p_j v_j accumulated straight into the (batch, head) slice of the hidden row, and
-// ReLU(xw1 + ctx) there (Eq. 13). The FFN's second layer is one ATen GEMM (BLAS) over all rows.
+// ReLU(xw1 + ctx) there (Eq. 13). The FFN's second layer is one product over all rows: few_rows_linear's
+// kernel at 3-16 rows (a beam search step: W2 read once for all rows), else ATen's GEMM (BLAS).
 // Padded encoder positions (bias -inf) and cache positions from self_len on are not read.
 // Deterministic: fixed summation order, no atomics.
 #include <torch/extension.h>
@@ -14,6 +15,7 @@
 
 #include "compressed_attention.h"
 #include "cpu/vec.h"
+#include "few_rows_linear.h"
 
 namespace fairseq_ext {
 namespace {
@@ -80,6 +82,8 @@ at::Tensor compressed_attention_decode_cpu(const at::Tensor& q, const at::Tensor
                           vsc.data_ptr<scalar_t>(), xc.data_ptr<scalar_t>(), hidden.data_ptr<scalar_t>(),
                           qc.size(0), qc.size(1), qc.size(2), vec.size(3), kec.size(2), ksc.size(2), self_len);
   });
+  if (hidden.size(0) >= kFewRowsMin && hidden.size(0) <= kFewRowsMax)  // a beam's few rows: W2 read once
+    return few_rows_linear_cpu(hidden, w2, b2);
   return at::addmm(b2, hidden, w2.t());  // (B, d)
 }
 

@@ -85,6 +85,8 @@ void few_rows_kernel(const T* x, const T* w, const T* b, T* y, int64_t rows, int
   }
 }
 
+}  // namespace
+
 at::Tensor few_rows_linear_cpu(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
   check_few_rows_linear_args(x, weight, bias);
   TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kDouble,
@@ -101,8 +103,6 @@ at::Tensor few_rows_linear_cpu(const at::Tensor& x, const at::Tensor& weight, co
   });
   return y;
 }
-
-}  // namespace
 
 }  // namespace fairseq_ext
 

@@ -3,7 +3,7 @@
 The beam search is fairseq's own (`FastSequenceGenerator` subclasses SequenceGenerator: same length
 penalty, min/max length, no-repeat-ngram, unk penalty, prefix tokens, output), so hypotheses are the
 same by construction as long as the step gives the same log-probabilities. The step replaces fairseq's
-generic incremental decoding for decoders built from fairseq's Transformer layers:
+generic incremental decoding (shown for the Transformer stepper; CAN and SAS in steppers.py):
 
 - keys/values of self-attention written in place into preallocated buffers that double when full
   (fairseq concatenates the whole cache every step) and read as strided views;
@@ -22,210 +22,46 @@ generic incremental decoding for decoders built from fairseq's Transformer layer
 Transformer Big, batch 1, beam 5 on 2 cores: 1.58x fairseq's generator in fp32, 2.91x with the int8
 decoder; figures, profile before/after and the CTranslate2 comparison in docs/decoding/README.md.
 
-Supported: one model whose decoder is fairseq's TransformerDecoderBase with TransformerDecoderLayerBase
-layers (stock transformer, transformer_balanced, every One Wide FFN placement incl. layers without FFN,
-the sparse FFN of scaling_sparse_ff / one_wide_sparse_ffn), fairseq MultiheadAttention without
-bias_kv / zero_attn, no cross-self-attention, head scaling, attention LayerNorm or adaptive softmax.
-Other incremental encoder-decoders (CAN, SAS, sparse QKV, Terraformer) take the generic mode
-(`OwnStepEnsembleModel`: their own step, the kernel output projection, the two-stage top-k) with a
-one-line notice saying why (`unsupported_reason`); ensembles use fairseq's step.
+Supported (steppers.py): one model whose decoder is fairseq's TransformerDecoderBase with layers of one
+kind: fairseq's Transformer layers (stock transformer, transformer_balanced, every One Wide FFN placement
+incl. layers without FFN, the sparse FFN of scaling_sparse_ff / one_wide_sparse_ffn; MultiheadAttention
+without bias_kv / zero_attn, no cross-self-attention, head scaling, attention LayerNorm or adaptive
+softmax), CAN layers (--can-compress all) or SAS blocks. Other incremental encoder-decoders (the CAN
+ablations, sparse QKV, Terraformer) take the generic mode (`OwnStepEnsembleModel`: their own step, the
+kernel output projection, the two-stage top-k) with a one-line notice saying why (`unsupported_reason`);
+ensembles use fairseq's step. CAN 1.22x and SAS 1.37x fairseq's generator (docs/decoding/README.md).
 """
 import logging
 import warnings
 from typing import Dict, List, Optional
 
 import torch
-from fairseq import utils
 from fairseq.models import FairseqIncrementalDecoder
 from fairseq.models.transformer import TransformerDecoderBase
-from fairseq.modules import MultiheadAttention
-from fairseq.modules.transformer_layer import TransformerDecoderLayerBase
 from fairseq.search import BeamSearch
 from fairseq.sequence_generator import EnsembleModel, SequenceGenerator
-import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..modules.fused_linear import FusedLinearWeights
-from ..modules.kv_cache import reorder_written_cache, write_to_cache
 from ..ops.few_rows_linear import kernel_applies as few_rows_linear_applies
+from .steppers import stepper_for
 
 logger = logging.getLogger(__name__)
 
 
 def unsupported_reason(models) -> Optional[str]:
-    """None when the fast step serves these models, else why not (one line)."""
-    if len(models) != 1:
-        return "ensembles of several models"
-    model = models[0]
-    dec = getattr(model, "decoder", None)
-    if not isinstance(dec, TransformerDecoderBase) or not hasattr(model, "encoder"):
-        return f"decoder {type(dec).__name__} (only fairseq Transformer decoders)"
-    if dec.adaptive_softmax is not None or dec.cross_self_attention or dec.quant_noise is not None:
-        return "adaptive softmax / cross-self-attention / quant noise"
-    for i, layer in enumerate(dec.layers):
-        if not isinstance(layer, TransformerDecoderLayerBase):
-            return f"decoder layer {i} is {type(layer).__name__}"
-        attns = [layer.self_attn] + ([layer.encoder_attn] if layer.encoder_attn is not None else [])
-        for att in attns:
-            if type(att) is not MultiheadAttention or att.bias_k is not None or att.add_zero_attn:
-                return f"decoder layer {i} attention {type(att).__name__}"
-        if (layer.cross_self_attention or layer.c_attn is not None or layer.attn_ln is not None
-                or layer.ffn_layernorm is not None or layer.w_resid is not None):
-            return f"decoder layer {i} uses head scaling / attention or FFN LayerNorm / residual weights"
-        if layer.encoder_attn is None:
-            return f"decoder layer {i} has no cross-attention"
-    return None
-
-
-def _fuses_qkv(att: MultiheadAttention) -> bool:
-    """Whether the self-attention's Q, K, V projections can run as one product (plain Linear layers of
-    one shape with biases alike)."""
-    parts = (att.q_proj, att.k_proj, att.v_proj)
-    return (all(type(m) is nn.Linear for m in parts)
-            and len({m.bias is None for m in parts}) == 1 and len({m.weight.shape for m in parts}) == 1)
-
-
-class TransformerStepper:
-    """One incremental decoding step of a fairseq Transformer decoder (see module docstring)."""
-
-    def __init__(self, model, beam_size: int):
-        self.model, self.dec, self.beam = model, model.decoder, max(1, beam_size)
-        self.caches: List[Dict[str, Tensor]] = []  # per layer: kv_cache.write_to_cache's buffers
-        self.cross: List[Dict[str, Optional[Tensor]]] = []
-        self.qkv: List[Optional[FusedLinearWeights]] = []  # per layer: fused Q/K/V weights, or None
-        self.kernel = False  # this step's projections through ops.few_rows_linear's kernel
-
-    def start(self, encoder_out: Dict[str, List[Tensor]]):
-        """Cross-attention keys/values of every layer, per sentence, from the beam-expanded encoder output."""
-        enc = encoder_out["encoder_out"][0]  # (S, B*beam, d)
-        pad = encoder_out["encoder_padding_mask"][0] if encoder_out["encoder_padding_mask"] else None
-        if self.beam > 1 and enc.size(1) % self.beam == 0:  # fairseq's beamable cross-attention
-            enc = enc.view(enc.size(0), -1, self.beam, enc.size(2))[:, :, 0, :]
-            if pad is not None:
-                pad = pad.view(-1, self.beam, pad.size(1))[:, 0, :]
-        self.caches = [{} for _ in self.dec.layers]
-        self.cross = []
-        if len(self.qkv) != len(self.dec.layers):  # built once; rebuilt by get() when a weight changes
-            self.qkv = [FusedLinearWeights([l.self_attn.q_proj, l.self_attn.k_proj, l.self_attn.v_proj])
-                        if _fuses_qkv(l.self_attn) else None for l in self.dec.layers]
-        for layer in self.dec.layers:
-            att = layer.encoder_attn
-            s, kv_bsz = enc.size(0), enc.size(1)
-            k = att.k_proj(enc).contiguous().view(s, kv_bsz * att.num_heads, att.head_dim).transpose(0, 1)
-            v = att.v_proj(enc).contiguous().view(s, kv_bsz * att.num_heads, att.head_dim).transpose(0, 1)
-            self.cross.append({"k": k, "v": v,  # fairseq's (strided) layout
-                               "pad": pad if pad is not None and pad.any() else None})
-
-    def _linear(self, x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
-        """x (rows, in) -> (rows, out): ops.few_rows_linear's kernel when step() found it applies (weights
-        read once for all rows), else F.linear."""
-        if self.kernel:
-            return torch.ops.fairseq_ext.few_rows_linear.default(x, weight, bias)
-        return F.linear(x, weight, bias)
-
-    def _module(self, module: nn.Module, x: Tensor) -> Tensor:
-        """A Linear layer through _linear; any other module (an int8 dynamically quantized Linear) as is."""
-        if type(module) is nn.Linear:
-            return self._linear(x, module.weight, module.bias)
-        return module(x)
-
-    def _self_attention(self, att: MultiheadAttention, fused: Optional[FusedLinearWeights], x: Tensor,
-                        cache: Dict[str, Tensor]) -> Tensor:
-        bsz, d, heads, dh = x.size(0), att.embed_dim, att.num_heads, att.head_dim
-        if fused is not None:
-            qkv = self._linear(x, *fused.get())  # (B, 3d)
-            q, k, v = qkv[:, :d], qkv[:, d:2 * d], qkv[:, 2 * d:]
-        else:
-            q, k, v = self._module(att.q_proj, x), self._module(att.k_proj, x), self._module(att.v_proj, x)
-        q = (q * att.scaling).view(bsz * heads, 1, dh)  # fairseq scales q after the projection
-        kbuf, vbuf, n = write_to_cache(cache, k.view(bsz, heads, dh), v.view(bsz, heads, dh))
-        keys = kbuf[:, :, :n].reshape(bsz * heads, n, dh)  # views: (B, H) merge without a copy
-        values = vbuf[:, :, :n].reshape(bsz * heads, n, dh)
-        probs = utils.softmax(torch.bmm(q, keys.transpose(1, 2)), dim=-1).type_as(q)
-        return self._module(att.out_proj, torch.bmm(probs, values).view(bsz, d))
-
-    def _cross_attention(self, att: MultiheadAttention, x: Tensor, cross) -> Tensor:
-        bsz, d, heads, dh = x.size(0), att.embed_dim, att.num_heads, att.head_dim
-        q = self._module(att.q_proj, x) * att.scaling  # (B, d)
-        k, v, pad = cross["k"], cross["v"], cross["pad"]  # (kv_bsz * H, S, d_h)
-        kv_bsz, src_len = k.size(0) // heads, k.size(1)
-        rows = bsz // kv_bsz  # beam rows per sentence: one batched product per (sentence, head)
-        q = q.view(kv_bsz, rows, heads, dh).transpose(1, 2).reshape(kv_bsz * heads, rows, dh)
-        w = torch.bmm(q, k.transpose(1, 2))  # (kv_bsz * H, rows, S)
-        if pad is not None:
-            w = w.view(kv_bsz, heads, rows, src_len).masked_fill(pad.view(kv_bsz, 1, 1, src_len).to(torch.bool),
-                                                                 float("-inf")).view(kv_bsz * heads, rows, src_len)
-        probs = utils.softmax(w, dim=-1).type_as(w)
-        out = torch.bmm(probs, v)  # (kv_bsz * H, rows, d_h)
-        return self._module(att.out_proj, out.view(kv_bsz, heads, rows, dh).transpose(1, 2).reshape(bsz, d))
-
-    def _ffn(self, layer, h: Tensor) -> Tensor:
-        if type(layer.fc1) is nn.Linear and type(layer.fc2) is nn.Linear:  # fairseq's fc2(act(fc1(h)))
-            return self._module(layer.fc2, layer.activation_fn(self._module(layer.fc1, h)))
-        return layer.fc2(layer.activation_fn(layer.fc1(h)))  # other FFN modules (sparse FFN) as they are
-
-    @torch.no_grad()
-    def step(self, tokens: Tensor) -> Tensor:
-        """tokens (B, t+1): the logits (B, 1, V) of the next token."""
-        dec = self.dec
-        positions = None
-        if dec.embed_positions is not None:
-            positions = dec.embed_positions(tokens, incremental_state={})[:, -1]  # fairseq's position rule
-        x = dec.embed_scale * dec.embed_tokens(tokens[:, -1])  # (B, d): one row per hypothesis
-        self.kernel = few_rows_linear_applies(x)  # decided once per step for every projection
-        if dec.project_in_dim is not None:
-            x = self._module(dec.project_in_dim, x)
-        if positions is not None:
-            x += positions
-        if dec.layernorm_embedding is not None:
-            x = dec.layernorm_embedding(x)
-        for layer, cache, cross, fused in zip(dec.layers, self.caches, self.cross, self.qkv):
-            pre = layer.normalize_before
-            residual = x
-            h = layer.self_attn_layer_norm(x) if pre else x
-            x = residual + self._self_attention(layer.self_attn, fused, h, cache)
-            if not pre:
-                x = layer.self_attn_layer_norm(x)
-            residual = x
-            h = layer.encoder_attn_layer_norm(x) if pre else x
-            x = residual + self._cross_attention(layer.encoder_attn, h, cross)
-            if not pre:
-                x = layer.encoder_attn_layer_norm(x)
-            if hasattr(layer, "fc1"):  # One Wide FFN layers may have none
-                residual = x
-                h = layer.final_layer_norm(x) if pre else x
-                x = residual + self._ffn(layer, h)
-                if not pre:
-                    x = layer.final_layer_norm(x)
-        if dec.layer_norm is not None:
-            x = dec.layer_norm(x)
-        if dec.project_out_dim is not None:
-            x = self._module(dec.project_out_dim, x)
-        out = self._module(dec.output_projection, x) if dec.adaptive_softmax is None else dec.output_layer(x)
-        return out.unsqueeze(1)
-
-    def reorder(self, order: Tensor):
-        for cache in self.caches:
-            reorder_written_cache(cache, order)
-        for cross in self.cross:  # per sentence: re-indexed only when sentences leave the batch
-            kv_bsz = cross["k"].size(0) // self.dec.layers[0].encoder_attn.num_heads
-            if kv_bsz * self.beam == order.numel():
-                continue
-            keep = order.reshape(-1, self.beam)[:, 0] // self.beam if self.beam > 1 else order
-            h = cross["k"].size(0) // kv_bsz
-            for name in ("k", "v"):
-                t = cross[name]
-                cross[name] = t.view(kv_bsz, h, *t.shape[1:]).index_select(0, keep).view(-1, *t.shape[1:])
-            if cross["pad"] is not None:
-                cross["pad"] = cross["pad"].index_select(0, keep)
+    """None when a fast step (steppers.py) serves these models, else why not (one line)."""
+    return stepper_for(models)[1]
 
 
 class FastEnsembleModel(EnsembleModel):
-    """EnsembleModel whose decoder step and reordering go through a TransformerStepper."""
+    """EnsembleModel whose decoder step and reordering go through the Stepper serving the model."""
 
     def __init__(self, models, beam_size: int):
         super().__init__(models)
-        self.stepper = TransformerStepper(models[0], beam_size)
+        stepper, reason = stepper_for(models)
+        if stepper is None:
+            raise ValueError(f"no fast decoder step for these models: {reason}")
+        self.stepper = stepper(models[0], beam_size)
         self.started = False
 
     def reorder_encoder_out(self, encoder_outs, new_order):

@@ -80,7 +80,7 @@ class CompressedAttention(nn.Module):
         X·W1 can be computed together with X·W_q (through ops.few_rows_linear's kernel at 3-16 rows)."""
         mods = [self.q_proj] + ([self.k_self, self.v_self] if self.self_attention else []) + \
                ([self.fc1] if self.ffn else [])
-        if self.training or x.size(0) != 1:
+        if self.training or x.size(0) != 1 or any(type(m) is not nn.Linear for m in mods):  # (int8: one by one)
             return [mod(x) for mod in mods]
         if getattr(self, "_fused", None) is None:
             self._fused = FusedLinearWeights(mods)
@@ -152,7 +152,8 @@ class CompressedAttention(nn.Module):
     def _decode_step_applies(self, x, self_padding_mask, incremental_state):
         """One token in eval mode through the FFN-folded sub-layer with ReLU, no padding among the
         decoder's own tokens, and a state this path started (not one of the general path's caches)."""
-        if self.training or x.size(0) != 1 or not self.ffn or self.activation_name != "relu":
+        if (self.training or x.size(0) != 1 or not self.ffn or self.activation_name != "relu"
+                or type(self.fc2) is not nn.Linear):
             return False
         if self_padding_mask is not None and self_padding_mask.any():
             return False

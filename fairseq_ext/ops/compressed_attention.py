@@ -17,7 +17,9 @@ import torch.nn.functional as F
 from . import kernel_serves
 
 
-def compressed_attention_decode_reference(q, k_enc, v_enc, enc_bias, k_self, v_self, self_len, xw1, w2, b2):
+def compressed_attention_hidden_reference(q, k_enc, v_enc, enc_bias, k_self, v_self, self_len, xw1):
+    """ReLU(xw1 + A·V): (B, H·dvh), the FFN-hidden row before the second FFN layer (the fast path's int8
+    step applies a quantized fc2 to it)."""
     k_s, v_s = k_self[:, :, :self_len], v_self[:, :, :self_len]
     s_enc = torch.einsum("bhd,bhsd->bhs", q, k_enc)
     if enc_bias is not None:
@@ -25,7 +27,12 @@ def compressed_attention_decode_reference(q, k_enc, v_enc, enc_bias, k_self, v_s
     scores = torch.cat([s_enc, torch.einsum("bhd,bhsd->bhs", q, k_s)], dim=-1)  # Eq. 11: one softmax
     p_enc, p_self = torch.softmax(scores, dim=-1).split([k_enc.size(2), self_len], dim=-1)
     ctx = torch.einsum("bhs,bhsv->bhv", p_enc, v_enc) + torch.einsum("bhs,bhsv->bhv", p_self, v_s)
-    return F.linear(F.relu(xw1 + ctx.reshape(xw1.shape)), w2, b2)  # Eq. 13
+    return F.relu(xw1 + ctx.reshape(xw1.shape))
+
+
+def compressed_attention_decode_reference(q, k_enc, v_enc, enc_bias, k_self, v_self, self_len, xw1, w2, b2):
+    hidden = compressed_attention_hidden_reference(q, k_enc, v_enc, enc_bias, k_self, v_self, self_len, xw1)
+    return F.linear(hidden, w2, b2)  # Eq. 13
 
 
 # dtypes models send to each compiled implementation, for the devices whose kernel has passed

@@ -1,0 +1,393 @@
+"""The fast path's decoder steps (fast_generator.py): one incremental step of a decoder, without fairseq's
+incremental-state dictionaries, for the decoders this package knows.
+
+- `TransformerStepper`: fairseq's TransformerDecoderLayerBase layers (stock Transformer, every One Wide
+  FFN placement, the sparse FFN of scaling_sparse_ff / one_wide_sparse_ffn).
+- `CANStepper`: Compressed Attention Network layers (models/can.py, --can-compress all): the fused input
+  projection (q, k, v, X·W1) as one product, the decoder's keys/values written in place, and the
+  attention, ReLU and second FFN layer as one call of ops.compressed_attention_decode (Eq. 11 + 13).
+- `SASStepper`: simplified SAS / SAS-P blocks (models/sas.py): the shaped attention of one query over the
+  written cache, α·v_t + Σ_j (β·p_j − γ/n)·v_j as one weighted sum (the identity, softmax and uniform
+  parts of A = α·I + β·softmax − γ·C in one product), then fairseq's cross-attention and the MLP.
+
+Shared (`Stepper`): embeddings and positions as fairseq's TransformerDecoderBase; every projection and the
+output projection through ops.few_rows_linear at 3-16 rows (weights read once for all rows); keys/values
+of self-attention written in place into buffers that double when full (modules/kv_cache.py);
+cross-attention keys/values of fairseq's MultiheadAttention computed once per sentence, stored per
+sentence and re-indexed only when finished sentences leave the batch. Decoders whose Linear layers were
+quantized to int8 (fast_generator.quantize_decoder_int8) run the same steps with the quantized modules.
+`stepper_for(models)` picks the class, or says in one line why none serves the models.
+"""
+from typing import Dict, List, Optional, Tuple, Type
+
+import torch
+import torch.nn.functional as F
+from fairseq import utils
+from fairseq.models.transformer import TransformerDecoderBase
+from fairseq.modules import MultiheadAttention
+from fairseq.modules.transformer_layer import TransformerDecoderLayerBase
+from torch import Tensor, nn
+
+from ..models.can import CANDecoderLayer
+from ..models.sas import SASDecoderLayer
+from ..modules.fused_linear import FusedLinearWeights
+from ..modules.kv_cache import reorder_written_cache, write_to_cache
+from ..ops.compressed_attention import compressed_attention_decode, compressed_attention_hidden_reference
+from ..ops.few_rows_linear import kernel_applies as few_rows_linear_applies
+
+
+def _plain(modules) -> bool:
+    return all(type(m) is nn.Linear for m in modules)
+
+
+def _fusable(modules) -> bool:
+    """Whether Linear layers reading the same input can run as one product (plain fp32 Linear layers with
+    biases alike; int8-quantized layers run one by one)."""
+    return _plain(modules) and len({m.bias is None for m in modules}) == 1
+
+
+def _cross_attention_reason(att, i) -> Optional[str]:
+    if type(att) is not MultiheadAttention or att.bias_k is not None or att.add_zero_attn:
+        return f"decoder layer {i} attention {type(att).__name__}"
+    return None
+
+
+class Stepper:
+    """Shared parts of a decoder step (see module docstring); subclasses define `_start_layers`,
+    `_layer` and `_reorder_layers`."""
+
+    def __init__(self, model, beam_size: int):
+        self.model, self.dec, self.beam = model, model.decoder, max(1, beam_size)
+        self.caches: List[Dict[str, Tensor]] = []  # per layer: kv_cache.write_to_cache's buffers
+        self.cross: List[Optional[Dict[str, Optional[Tensor]]]] = []  # per layer: cross K/V per sentence
+        self.kernel = False  # this step's projections through ops.few_rows_linear's kernel
+
+    @classmethod
+    def layer_reason(cls, i: int, layer: nn.Module) -> Optional[str]:
+        raise NotImplementedError
+
+    # ---- start of a batch ----
+    def start(self, encoder_out: Dict[str, List[Tensor]]):
+        """The per-sentence encoder output (fairseq expands it to every beam row) and every layer's
+        cross-attention cache."""
+        enc = encoder_out["encoder_out"][0]  # (S, B*beam, d)
+        pad = encoder_out["encoder_padding_mask"][0] if encoder_out["encoder_padding_mask"] else None
+        if self.beam > 1 and enc.size(1) % self.beam == 0:  # one copy per sentence
+            enc = enc.view(enc.size(0), -1, self.beam, enc.size(2))[:, :, 0, :]
+            if pad is not None:
+                pad = pad.view(-1, self.beam, pad.size(1))[:, 0, :]
+        pad = pad if pad is not None and pad.any() else None
+        self.caches = [{} for _ in self.dec.layers]
+        self._start_layers(enc, pad)
+
+    def _start_layers(self, enc: Tensor, pad: Optional[Tensor]):
+        raise NotImplementedError
+
+    def _mha_cross_cache(self, att: MultiheadAttention, enc: Tensor, pad: Optional[Tensor]):
+        """fairseq MultiheadAttention keys/values of the encoder output, per sentence (fairseq's layout)."""
+        s, kv_bsz = enc.size(0), enc.size(1)
+        k = att.k_proj(enc).contiguous().view(s, kv_bsz * att.num_heads, att.head_dim).transpose(0, 1)
+        v = att.v_proj(enc).contiguous().view(s, kv_bsz * att.num_heads, att.head_dim).transpose(0, 1)
+        return {"k": k, "v": v, "pad": pad, "heads": att.num_heads}
+
+    # ---- pieces of a step ----
+    def _linear(self, x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
+        """x (rows, in) -> (rows, out): ops.few_rows_linear's kernel when step() found it applies (weights
+        read once for all rows), else F.linear."""
+        if self.kernel:
+            return torch.ops.fairseq_ext.few_rows_linear.default(x, weight, bias)
+        return F.linear(x, weight, bias)
+
+    def _module(self, module: nn.Module, x: Tensor) -> Tensor:
+        """A Linear layer through _linear; any other module (an int8 dynamically quantized Linear) as is."""
+        if type(module) is nn.Linear:
+            return self._linear(x, module.weight, module.bias)
+        return module(x)
+
+    def _cross_attention(self, att: MultiheadAttention, x: Tensor, cross) -> Tensor:
+        """fairseq's encoder-decoder attention of one query row per hypothesis over the per-sentence cache."""
+        bsz, d, heads, dh = x.size(0), att.embed_dim, att.num_heads, att.head_dim
+        q = self._module(att.q_proj, x) * att.scaling  # (B, d)
+        k, v, pad = cross["k"], cross["v"], cross["pad"]  # (kv_bsz * H, S, d_h)
+        kv_bsz, src_len = k.size(0) // heads, k.size(1)
+        rows = bsz // kv_bsz  # beam rows per sentence: one batched product per (sentence, head)
+        q = q.view(kv_bsz, rows, heads, dh).transpose(1, 2).reshape(kv_bsz * heads, rows, dh)
+        w = torch.bmm(q, k.transpose(1, 2))  # (kv_bsz * H, rows, S)
+        if pad is not None:
+            w = w.view(kv_bsz, heads, rows, src_len).masked_fill(pad.view(kv_bsz, 1, 1, src_len).to(torch.bool),
+                                                                 float("-inf")).view(kv_bsz * heads, rows, src_len)
+        probs = utils.softmax(w, dim=-1).type_as(w)
+        out = torch.bmm(probs, v)  # (kv_bsz * H, rows, d_h)
+        return self._module(att.out_proj, out.view(kv_bsz, heads, rows, dh).transpose(1, 2).reshape(bsz, d))
+
+    def _self_attention_softmax(self, q: Tensor, keys: Tensor) -> Tensor:
+        """q (B*H, 1, dh) scaled; keys (B*H, n, dh) -> float32-softmaxed probabilities (B*H, 1, n)."""
+        return utils.softmax(torch.bmm(q, keys.transpose(1, 2)), dim=-1).type_as(q)
+
+    @torch.no_grad()
+    def step(self, tokens: Tensor) -> Tensor:
+        """tokens (B, t+1): the logits (B, 1, V) of the next token."""
+        dec = self.dec
+        positions = None
+        if dec.embed_positions is not None:
+            positions = dec.embed_positions(tokens, incremental_state={})[:, -1]  # fairseq's position rule
+        x = dec.embed_scale * dec.embed_tokens(tokens[:, -1])  # (B, d): one row per hypothesis
+        self.kernel = few_rows_linear_applies(x)  # decided once per step for every projection
+        if dec.project_in_dim is not None:
+            x = self._module(dec.project_in_dim, x)
+        if positions is not None:
+            x += positions
+        if dec.layernorm_embedding is not None:
+            x = dec.layernorm_embedding(x)
+        for i, layer in enumerate(dec.layers):
+            x = self._layer(i, layer, x)
+        if dec.layer_norm is not None:
+            x = dec.layer_norm(x)
+        if dec.project_out_dim is not None:
+            x = self._module(dec.project_out_dim, x)
+        return self._module(dec.output_projection, x).unsqueeze(1)
+
+    def _layer(self, i: int, layer: nn.Module, x: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    # ---- beam reordering ----
+    def reorder(self, order: Tensor):
+        for cache in self.caches:
+            reorder_written_cache(cache, order)
+        for cross in self.cross:  # per sentence: re-indexed only when sentences leave the batch
+            if cross is None:
+                continue
+            heads = cross["heads"]
+            kv_bsz = cross["k"].size(0) // heads
+            if kv_bsz * self.beam == order.numel():
+                continue
+            keep = order.reshape(-1, self.beam)[:, 0] // self.beam if self.beam > 1 else order
+            for name in ("k", "v"):
+                t = cross[name]
+                cross[name] = t.view(kv_bsz, heads, *t.shape[1:]).index_select(0, keep).view(-1, *t.shape[1:])
+            if cross["pad"] is not None:
+                cross["pad"] = cross["pad"].index_select(0, keep)
+        self._reorder_layers(order)
+
+    def _reorder_layers(self, order: Tensor):
+        pass
+
+
+class TransformerStepper(Stepper):
+    """fairseq's TransformerDecoderLayerBase layers: pre- or post-norm self-attention (Q, K, V as one
+    product), cross-attention, FFN (absent in One Wide FFN layers without one; a sparse FFN as its module)."""
+
+    @classmethod
+    def layer_reason(cls, i, layer):
+        if type(layer.self_attn) is not MultiheadAttention or layer.self_attn.bias_k is not None \
+                or layer.self_attn.add_zero_attn:
+            return f"decoder layer {i} attention {type(layer.self_attn).__name__}"
+        if layer.encoder_attn is None:
+            return f"decoder layer {i} has no cross-attention"
+        reason = _cross_attention_reason(layer.encoder_attn, i)
+        if reason:
+            return reason
+        if (layer.cross_self_attention or layer.c_attn is not None or layer.attn_ln is not None
+                or layer.ffn_layernorm is not None or layer.w_resid is not None):
+            return f"decoder layer {i} uses head scaling / attention or FFN LayerNorm / residual weights"
+        return None
+
+    def __init__(self, model, beam_size):
+        super().__init__(model, beam_size)
+        parts = [(l.self_attn.q_proj, l.self_attn.k_proj, l.self_attn.v_proj) for l in self.dec.layers]
+        self.qkv = [FusedLinearWeights(p) if _fusable(p) and len({m.weight.shape for m in p}) == 1 else None
+                    for p in parts]  # per layer: fused Q/K/V weights (rebuilt by get() when a weight changes)
+
+    def _start_layers(self, enc, pad):
+        self.cross = [self._mha_cross_cache(l.encoder_attn, enc, pad) for l in self.dec.layers]
+
+    def _self_attention(self, att: MultiheadAttention, fused: Optional[FusedLinearWeights], x: Tensor,
+                        cache: Dict[str, Tensor]) -> Tensor:
+        bsz, d, heads, dh = x.size(0), att.embed_dim, att.num_heads, att.head_dim
+        if fused is not None:
+            qkv = self._linear(x, *fused.get())  # (B, 3d)
+            q, k, v = qkv[:, :d], qkv[:, d:2 * d], qkv[:, 2 * d:]
+        else:
+            q, k, v = self._module(att.q_proj, x), self._module(att.k_proj, x), self._module(att.v_proj, x)
+        q = (q * att.scaling).view(bsz * heads, 1, dh)  # fairseq scales q after the projection
+        kbuf, vbuf, n = write_to_cache(cache, k.view(bsz, heads, dh), v.view(bsz, heads, dh))
+        keys = kbuf[:, :, :n].reshape(bsz * heads, n, dh)  # views: (B, H) merge without a copy
+        values = vbuf[:, :, :n].reshape(bsz * heads, n, dh)
+        probs = self._self_attention_softmax(q, keys)
+        return self._module(att.out_proj, torch.bmm(probs, values).view(bsz, d))
+
+    def _ffn(self, layer, h: Tensor) -> Tensor:
+        if type(layer.fc1) is nn.Linear and type(layer.fc2) is nn.Linear:  # fairseq's fc2(act(fc1(h)))
+            return self._module(layer.fc2, layer.activation_fn(self._module(layer.fc1, h)))
+        return layer.fc2(layer.activation_fn(layer.fc1(h)))  # other FFN modules (sparse FFN) as they are
+
+    def _layer(self, i, layer, x):
+        pre = layer.normalize_before
+        residual = x
+        h = layer.self_attn_layer_norm(x) if pre else x
+        x = residual + self._self_attention(layer.self_attn, self.qkv[i], h, self.caches[i])
+        if not pre:
+            x = layer.self_attn_layer_norm(x)
+        residual = x
+        h = layer.encoder_attn_layer_norm(x) if pre else x
+        x = residual + self._cross_attention(layer.encoder_attn, h, self.cross[i])
+        if not pre:
+            x = layer.encoder_attn_layer_norm(x)
+        if hasattr(layer, "fc1"):  # One Wide FFN layers may have none
+            residual = x
+            h = layer.final_layer_norm(x) if pre else x
+            x = residual + self._ffn(layer, h)
+            if not pre:
+                x = layer.final_layer_norm(x)
+        return x
+
+
+class CANStepper(Stepper):
+    """Compressed Attention Network layers (--can-compress all, ReLU): per layer
+    x + CAN(LN(x)) (pre-norm) or LN(x + CAN(x)), CAN = Eq. 11 + 13 through ops.compressed_attention_decode.
+    The encoder keys/values (values in the FFN-hidden space) are stored per beam row, as the op reads them,
+    and re-indexed only when finished sentences leave the batch."""
+
+    @classmethod
+    def layer_reason(cls, i, layer):
+        can = layer.can
+        if layer.mode != "all" or not (can.ffn and can.self_attention and can.encoder_attention):
+            return f"CAN decoder layer {i} compresses '{layer.mode}' only (the fast step serves --can-compress all)"
+        if can.activation_name != "relu":
+            return f"CAN decoder layer {i} activation {can.activation_name} (the fused step is ReLU's)"
+        return None
+
+    def _projections(self, can):
+        return [can.q_proj, can.k_self, can.v_self, can.fc1]
+
+    def __init__(self, model, beam_size):
+        super().__init__(model, beam_size)
+        parts = [self._projections(l.can) for l in self.dec.layers]
+        self.fused = [FusedLinearWeights(p) if _fusable(p) else None for p in parts]
+
+    def _start_layers(self, enc, pad):
+        self.enc_kv = []  # per layer: (k (B, H, S, dh), v (B, H, S, dvh), bias (B, S) or None) per beam row
+        rows = torch.arange(enc.size(1), device=enc.device).repeat_interleave(self.beam)
+        bias = None
+        if pad is not None:
+            bias = enc.new_zeros(pad.shape).masked_fill(pad.to(torch.bool), float("-inf")).index_select(0, rows)
+        for layer in self.dec.layers:
+            can = layer.can
+            k = can._heads(can.k_enc(enc), can.head_dim).index_select(0, rows).contiguous()
+            v = can._heads(can.v_enc(enc), can.value_head_dim).index_select(0, rows).contiguous()
+            self.enc_kv.append((k, v, bias))
+
+    def _can(self, i: int, can, h: Tensor) -> Tensor:
+        b, heads = h.size(0), can.num_heads
+        fused = self.fused[i]
+        if fused is not None:
+            q, k, v, xw1 = self._linear(h, *fused.get()).split(fused.sizes, dim=-1)
+        else:
+            q, k, v, xw1 = (self._module(m, h) for m in self._projections(can))
+        q = (q * can.scaling).view(b, heads, can.head_dim)
+        k_s, v_s, n = write_to_cache(self.caches[i], k.view(b, heads, can.head_dim),
+                                     v.view(b, heads, can.value_head_dim))
+        k_e, v_e, bias = self.enc_kv[i]
+        if type(can.fc2) is nn.Linear:  # Eq. 11 + 13 in one call (the csrc kernel when built)
+            return compressed_attention_decode(q, k_e, v_e, bias, k_s, v_s, n, xw1, can.fc2.weight, can.fc2.bias)
+        hidden = compressed_attention_hidden_reference(q, k_e, v_e, bias, k_s, v_s, n, xw1)
+        return can.fc2(hidden)  # an int8-quantized second FFN layer
+
+    def _layer(self, i, layer, x):
+        if layer.normalize_before:
+            return x + self._can(i, layer.can, layer.can_layer_norm(x))
+        return layer.can_layer_norm(x + self._can(i, layer.can, x))
+
+    def _reorder_layers(self, order):
+        if self.enc_kv and self.enc_kv[0][0].size(0) != order.numel():  # sentences left the batch
+            self.enc_kv = [tuple(t.index_select(0, order) if t is not None else None for t in kv)
+                           for kv in self.enc_kv]
+
+
+class SASStepper(Stepper):
+    """Simplified blocks (models/sas.py): shaped self-attention with identity values (first layer:
+    W_V = I + W) and no attention skip, the pre-norm cross-attention sub-block, the MLP (SAS: sequential
+    with skip β_FF; SAS-P: parallel, no skip)."""
+
+    @classmethod
+    def layer_reason(cls, i, layer):
+        block = layer.block
+        if not block.attn.causal:
+            return f"SAS decoder layer {i} attention is not causal"
+        if block.encoder_attn is not None:
+            return _cross_attention_reason(block.encoder_attn, i)
+        return None
+
+    def __init__(self, model, beam_size):
+        super().__init__(model, beam_size)
+        parts = [(l.block.attn.q_proj, l.block.attn.k_proj) for l in self.dec.layers]
+        self.fused = [FusedLinearWeights(p) if _fusable(p) else None for p in parts]
+
+    def _start_layers(self, enc, pad):
+        blocks = [l.block for l in self.dec.layers]
+        self.cross = [self._mha_cross_cache(b.encoder_attn, enc, pad) if b.encoder_attn is not None else None
+                      for b in blocks]
+
+    def _shaped_attention(self, i: int, att, n_in: Tensor) -> Tensor:
+        """The shaped attention of this step's query (at position n-1) over the n cached keys (all allowed:
+        causal, no padding among hypotheses): α·v_t + Σ_j (β·p_j − γ/n)·v_j (A = α·I + β·softmax − γ·C)."""
+        b, heads, dh = n_in.size(0), att.num_heads, att.head_dim
+        values = n_in if att.value is None else n_in + torch.matmul(n_in, att.value)  # W_V = I + W
+        fused = self.fused[i]
+        if fused is not None:
+            q, k = self._linear(n_in, *fused.get()).split(fused.sizes, dim=-1)
+        else:
+            q, k = self._module(att.q_proj, n_in), self._module(att.k_proj, n_in)
+        v_t = values.view(b, heads, dh)
+        kbuf, vbuf, n = write_to_cache(self.caches[i], k.view(b, heads, dh), v_t)
+        keys = kbuf[:, :, :n].reshape(b * heads, n, dh)
+        vals = vbuf[:, :, :n].reshape(b * heads, n, dh)
+        logits = torch.bmm((q * dh ** -0.5).view(b * heads, 1, dh), keys.transpose(1, 2))
+        probs = torch.softmax(logits.float(), dim=-1).to(q.dtype).view(b, heads, n)
+        weights = att.beta.view(1, heads, 1) * probs - (att.gamma / n).view(1, heads, 1)
+        ctx = torch.bmm(weights.view(b * heads, 1, n), vals).view(b, heads, dh)
+        return (att.alpha.view(1, heads, 1) * v_t + ctx).reshape(b, heads * dh)  # identity W_O
+
+    def _mlp(self, block, x: Tensor) -> Tensor:
+        return self._module(block.fc2, F.relu(self._module(block.fc1, x)))
+
+    def _layer(self, i, layer, x):
+        block = layer.block
+        n_in = block.attn_norm(x) if block.attn_norm is not None else x
+        h = self._shaped_attention(i, block.attn, n_in)  # no attention skip
+        if block.parallel:
+            return h + block.beta_ff * self._mlp(block, n_in)
+        if block.encoder_attn is not None:
+            h = h + self._cross_attention(block.encoder_attn, block.encoder_attn_norm(h), self.cross[i])
+        m = block.mlp_norm(h) if block.mlp_norm is not None else h
+        return h + block.beta_ff * self._mlp(block, m)
+
+
+LAYER_STEPPERS = ((TransformerDecoderLayerBase, TransformerStepper), (CANDecoderLayer, CANStepper),
+                  (SASDecoderLayer, SASStepper))
+
+
+def stepper_for(models) -> Tuple[Optional[Type[Stepper]], Optional[str]]:
+    """(the Stepper class serving these models, None) or (None, why none does: one line)."""
+    if len(models) != 1:
+        return None, "ensembles of several models"
+    model = models[0]
+    dec = getattr(model, "decoder", None)
+    if not isinstance(dec, TransformerDecoderBase) or not hasattr(model, "encoder"):
+        return None, f"decoder {type(dec).__name__} (only encoder-decoders with fairseq Transformer decoders)"
+    if dec.adaptive_softmax is not None or dec.cross_self_attention or dec.quant_noise is not None:
+        return None, "adaptive softmax / cross-self-attention / quant noise"
+    kinds = []
+    for i, layer in enumerate(dec.layers):
+        kind = next((cls for base, cls in LAYER_STEPPERS if isinstance(layer, base)), None)
+        if kind is None:
+            return None, f"decoder layer {i} is {type(layer).__name__}"
+        kinds.append(kind)
+    if len(set(kinds)) > 1:
+        return None, "decoder layers of several kinds"
+    cls = kinds[0] if kinds else TransformerStepper
+    for i, layer in enumerate(dec.layers):
+        reason = cls.layer_reason(i, layer)
+        if reason:
+            return None, reason
+    return cls, None
