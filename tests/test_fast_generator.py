@@ -12,31 +12,44 @@ SERVED = ["transformer_tiny", "transformer_balanced_tiny", "one_wide_ffn_tiny", 
           "one_wide_sparse_ffn_tiny", "can_decoder_tiny", "sas_block_tiny", "sas_block_nonorm_tiny"]
 
 
-def _compare(model, task, sample, **kw):
-    kw.setdefault("max_len_b", 12)
-    ref = SequenceGenerator([model], task.target_dictionary, **kw).generate([model], sample)
-    gen = FastSequenceGenerator([model], task.target_dictionary, **kw)
-    assert isinstance(gen.model, FastEnsembleModel), gen.fast_reason
-    fast = gen.generate([model], sample)
+def _sharpened(tiny_data, arch):
+    """A tiny model in eval mode whose decoder weights are scaled by 1.5 (random weights give flat
+    distributions, where near-ties would make the comparison depend on last-bit differences)."""
+    _, task, model, _ = build(tiny_data, arch)
+    with torch.no_grad():
+        for p in model.decoder.parameters():
+            p.mul_(1.5)
+    return task, model.eval()
+
+
+def _same_hypotheses(ref, fast, tol=1e-5):
     assert len(ref) == len(fast)
     for r_hyps, f_hyps in zip(ref, fast):
         assert [h["tokens"].tolist() for h in r_hyps] == [h["tokens"].tolist() for h in f_hyps]
         for r, f in zip(r_hyps, f_hyps):  # the same arithmetic on other memory layouts: last-bit differences
-            torch.testing.assert_close(f["positional_scores"], r["positional_scores"], rtol=1e-5, atol=1e-5)
-            assert abs(float(f["score"]) - float(r["score"])) < 1e-5
+            torch.testing.assert_close(f["positional_scores"], r["positional_scores"], rtol=tol, atol=tol)
+            assert abs(float(f["score"]) - float(r["score"])) < tol
+
+
+def _compare(model, task, sample, gen_cls=FastEnsembleModel, tol=1e-5, **kw):
+    """fairseq's SequenceGenerator and FastSequenceGenerator (whose model must be a gen_cls) decode
+    `sample` to the same hypotheses."""
+    kw.setdefault("max_len_b", 12)
+    gen = FastSequenceGenerator([model], task.target_dictionary, **kw)
+    assert isinstance(gen.model, gen_cls), gen.fast_reason
+    kw.pop("int8", None)
+    with torch.no_grad():
+        ref = SequenceGenerator([model], task.target_dictionary, **kw).generate([model], sample)
+        fast = gen.generate([model], sample)
+    _same_hypotheses(ref, fast, tol)
+    return gen
 
 
 @pytest.mark.parametrize("arch", SERVED)
 @pytest.mark.parametrize("beam,bsz,lenpen", [(1, 1, 1.0), (5, 1, 1.0), (5, 8, 0.6), (1, 8, 1.0), (5, 8, 1.0)])
 def test_same_hypotheses_as_sequence_generator(arch, beam, bsz, lenpen, tiny_data):
-    _, task, model, _ = build(tiny_data, arch)
-    torch.manual_seed(3)
-    with torch.no_grad():  # random weights give flat distributions: sharpen the output layer
-        for p in model.decoder.parameters():
-            p.mul_(1.5)
-    model.eval()
-    sample = fixed_batch(task, n=bsz)
-    _compare(model, task, sample, beam_size=beam, len_penalty=lenpen)
+    task, model = _sharpened(tiny_data, arch)
+    _compare(model, task, fixed_batch(task, n=bsz), beam_size=beam, len_penalty=lenpen)
 
 
 def test_search_options_are_fairseqs(tiny_data):
@@ -54,25 +67,11 @@ def test_other_archs_take_the_generic_mode_with_fairseqs_hypotheses(arch, beam, 
     (OwnStepEnsembleModel: kernel output projection, two-stage top-k) to fairseq's hypotheses."""
     from fairseq_ext.decoding.fast_generator import OwnStepEnsembleModel
 
-    _, task, model, _ = build(tiny_data, arch)
-    torch.manual_seed(3)
-    with torch.no_grad():
-        for p in model.decoder.parameters():
-            p.mul_(1.5)
-    model.eval()
+    task, model = _sharpened(tiny_data, arch)
     reason = unsupported_reason([model])
     assert reason
-    sample = fixed_batch(task, n=bsz)
-    kw = dict(beam_size=beam, max_len_b=8)
-    gen = FastSequenceGenerator([model], task.target_dictionary, **kw)
-    assert gen.fast_reason == reason and isinstance(gen.model, OwnStepEnsembleModel)
-    with torch.no_grad():
-        ref = SequenceGenerator([model], task.target_dictionary, **kw).generate([model], sample)
-        fast = gen.generate([model], sample)
-    for r_hyps, f_hyps in zip(ref, fast):
-        assert [h["tokens"].tolist() for h in r_hyps] == [h["tokens"].tolist() for h in f_hyps]
-        for r, f in zip(r_hyps, f_hyps):
-            torch.testing.assert_close(f["positional_scores"], r["positional_scores"], rtol=1e-5, atol=1e-5)
+    gen = _compare(model, task, fixed_batch(task, n=bsz), gen_cls=OwnStepEnsembleModel, beam_size=beam, max_len_b=8)
+    assert gen.fast_reason == reason
 
 
 @pytest.mark.parametrize("arch", ["transformer_tiny", "can_decoder_tiny", "sas_block_tiny"])
@@ -81,25 +80,11 @@ def test_int8_quantizes_the_decoder_and_decodes_as_fairseq_on_the_quantized_mode
     fp32) and the fast step gives the hypotheses fairseq's own step gives on the same quantized model."""
     from torch.ao.nn.quantized.dynamic import Linear as QLinear
 
-    _, task, model, _ = build(tiny_data, arch)
-    with torch.no_grad():
-        for p in model.decoder.parameters():
-            p.mul_(1.5)
-    model.eval()
-    kw = dict(beam_size=3, max_len_b=8)
-    gen = FastSequenceGenerator([model], task.target_dictionary, int8=True, **kw)
-    assert isinstance(gen.model, FastEnsembleModel)
+    task, model = _sharpened(tiny_data, arch)
+    _compare(model, task, fixed_batch(task, n=3), tol=1e-4, int8=True, beam_size=3, max_len_b=8)
     assert isinstance(model.decoder.output_projection, QLinear)
     assert sum(isinstance(m, QLinear) for m in model.decoder.layers.modules()) >= 4 * len(model.decoder.layers)
     assert not any(isinstance(m, QLinear) for m in model.encoder.modules())  # the encoder stays fp32
-    sample = fixed_batch(task, n=3)
-    with torch.no_grad():
-        ref = SequenceGenerator([model], task.target_dictionary, **kw).generate([model], sample)
-        fast = gen.generate([model], sample)
-    for r_hyps, f_hyps in zip(ref, fast):
-        assert [h["tokens"].tolist() for h in r_hyps] == [h["tokens"].tolist() for h in f_hyps]
-        for r, f in zip(r_hyps, f_hyps):
-            torch.testing.assert_close(f["positional_scores"], r["positional_scores"], rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("step,vocab", [(0, 50), (3, 50), (3, 7), (0, 7)])
