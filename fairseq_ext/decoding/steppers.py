@@ -36,14 +36,10 @@ from ..ops.compressed_attention import compressed_attention_decode, compressed_a
 from ..ops.few_rows_linear import kernel_applies as few_rows_linear_applies
 
 
-def _plain(modules) -> bool:
-    return all(type(m) is nn.Linear for m in modules)
-
-
 def _fusable(modules) -> bool:
-    """Whether Linear layers reading the same input can run as one product (plain fp32 Linear layers with
+    """Whether Linear layers reading the same input can run as one product (plain Linear layers with
     biases alike; int8-quantized layers run one by one)."""
-    return _plain(modules) and len({m.bias is None for m in modules}) == 1
+    return all(type(m) is nn.Linear for m in modules) and len({m.bias is None for m in modules}) == 1
 
 
 def _cross_attention_reason(att, i) -> Optional[str]:
@@ -61,6 +57,7 @@ class Stepper:
         self.caches: List[Dict[str, Tensor]] = []  # per layer: kv_cache.write_to_cache's buffers
         self.cross: List[Optional[Dict[str, Optional[Tensor]]]] = []  # per layer: cross K/V per sentence
         self.kernel = False  # this step's projections through ops.few_rows_linear's kernel
+        self.rows = self.beam  # hypotheses per sentence (per row of the encoder output start() keeps)
 
     @classmethod
     def layer_reason(cls, i: int, layer: nn.Module) -> Optional[str]:
@@ -72,10 +69,11 @@ class Stepper:
         cross-attention cache."""
         enc = encoder_out["encoder_out"][0]  # (S, B*beam, d)
         pad = encoder_out["encoder_padding_mask"][0] if encoder_out["encoder_padding_mask"] else None
-        if self.beam > 1 and enc.size(1) % self.beam == 0:  # one copy per sentence
-            enc = enc.view(enc.size(0), -1, self.beam, enc.size(2))[:, :, 0, :]
+        self.rows = self.beam if enc.size(1) % self.beam == 0 else 1  # hypotheses per encoder row
+        if self.rows > 1:  # one copy per sentence
+            enc = enc.view(enc.size(0), -1, self.rows, enc.size(2))[:, :, 0, :]
             if pad is not None:
-                pad = pad.view(-1, self.beam, pad.size(1))[:, 0, :]
+                pad = pad.view(-1, self.rows, pad.size(1))[:, 0, :]
         pad = pad if pad is not None and pad.any() else None
         self.caches = [{} for _ in self.dec.layers]
         self._start_layers(enc, pad)
@@ -120,10 +118,6 @@ class Stepper:
         out = torch.bmm(probs, v)  # (kv_bsz * H, rows, d_h)
         return self._module(att.out_proj, out.view(kv_bsz, heads, rows, dh).transpose(1, 2).reshape(bsz, d))
 
-    def _self_attention_softmax(self, q: Tensor, keys: Tensor) -> Tensor:
-        """q (B*H, 1, dh) scaled; keys (B*H, n, dh) -> float32-softmaxed probabilities (B*H, 1, n)."""
-        return utils.softmax(torch.bmm(q, keys.transpose(1, 2)), dim=-1).type_as(q)
-
     @torch.no_grad()
     def step(self, tokens: Tensor) -> Tensor:
         """tokens (B, t+1): the logits (B, 1, V) of the next token."""
@@ -159,9 +153,9 @@ class Stepper:
                 continue
             heads = cross["heads"]
             kv_bsz = cross["k"].size(0) // heads
-            if kv_bsz * self.beam == order.numel():
+            if kv_bsz * self.rows == order.numel():
                 continue
-            keep = order.reshape(-1, self.beam)[:, 0] // self.beam if self.beam > 1 else order
+            keep = order.reshape(-1, self.rows)[:, 0] // self.rows
             for name in ("k", "v"):
                 t = cross[name]
                 cross[name] = t.view(kv_bsz, heads, *t.shape[1:]).index_select(0, keep).view(-1, *t.shape[1:])
@@ -213,7 +207,7 @@ class TransformerStepper(Stepper):
         kbuf, vbuf, n = write_to_cache(cache, k.view(bsz, heads, dh), v.view(bsz, heads, dh))
         keys = kbuf[:, :, :n].reshape(bsz * heads, n, dh)  # views: (B, H) merge without a copy
         values = vbuf[:, :, :n].reshape(bsz * heads, n, dh)
-        probs = self._self_attention_softmax(q, keys)
+        probs = utils.softmax(torch.bmm(q, keys.transpose(1, 2)), dim=-1).type_as(q)  # fairseq's float32 softmax
         return self._module(att.out_proj, torch.bmm(probs, values).view(bsz, d))
 
     def _ffn(self, layer, h: Tensor) -> Tensor:
@@ -267,7 +261,7 @@ class CANStepper(Stepper):
 
     def _start_layers(self, enc, pad):
         self.enc_kv = []  # per layer: (k (B, H, S, dh), v (B, H, S, dvh), bias (B, S) or None) per beam row
-        rows = torch.arange(enc.size(1), device=enc.device).repeat_interleave(self.beam)
+        rows = torch.arange(enc.size(1), device=enc.device).repeat_interleave(self.rows)
         bias = None
         if pad is not None:
             bias = enc.new_zeros(pad.shape).masked_fill(pad.to(torch.bool), float("-inf")).index_select(0, rows)
