@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from . import kernel_serves
 
 KERNEL_DTYPES = {"cpu": (torch.float32, torch.float64)}  # csrc/cpu/few_rows_linear.cpp; CPU only
-MIN_ROWS, MAX_ROWS = 3, 16  # the rows the kernel is used for (2 rows: MKL is as fast; above 8: one pass per 8 rows)
+MIN_ROWS, MAX_ROWS = 3, 16  # (= kFewRowsMin/Max in csrc/few_rows_linear.h) the rows the kernel is used for (2 rows: MKL is as fast; above 8: one pass per 8 rows)
 
 
 def few_rows_linear_reference(x, weight, bias=None):
