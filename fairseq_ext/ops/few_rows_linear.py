@@ -14,7 +14,9 @@ import torch.nn.functional as F
 from . import kernel_serves
 
 KERNEL_DTYPES = {"cpu": (torch.float32, torch.float64)}  # csrc/cpu/few_rows_linear.cpp; CPU only
-MIN_ROWS, MAX_ROWS = 3, 16  # (= kFewRowsMin/Max in csrc/few_rows_linear.h) the rows the kernel is used for (2 rows: MKL is as fast; above 8: one pass per 8 rows)
+# the rows the kernel is used for (2 rows: MKL is as fast; above 8: one pass per 8 rows); the CPU CAN op
+# uses the same range (kFewRowsMin / kFewRowsMax in csrc/few_rows_linear.h)
+MIN_ROWS, MAX_ROWS = 3, 16
 
 
 def few_rows_linear_reference(x, weight, bias=None):
