@@ -214,7 +214,7 @@ def _can_args(b, h, dh, dvh, src, cap, self_len, d, dtype, seed, pad=(), device=
 
 CAN_SHAPES = [  # b, h, dh, dvh, src, cap, self_len, d
     (1, 1, 8, 16, 1, 1, 1, 8), (3, 2, 12, 20, 7, 9, 7, 24), (5, 4, 10, 6, 33, 40, 33, 40), (2, 3, 16, 24, 0, 8, 5, 48),
-    (4, 2, 8, 12, 13, 16, 1, 16), (3, 5, 7, 9, 5, 64, 37, 35), (17, 2, 8, 8, 6, 8, 3, 20)]  # 3-16 rows: W2 via few_rows_linear
+    (4, 2, 8, 12, 13, 16, 1, 16), (3, 5, 7, 9, 5, 64, 37, 35), (17, 2, 8, 8, 6, 8, 3, 20)]  # b 3-16: W2 through few_rows_linear; 1, 2, 17: GEMM
 
 
 # (device, dtype): the CPU kernel takes float32/float64 (its TORCH_CHECK is tested below), CUDA also halves

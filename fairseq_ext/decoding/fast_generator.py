@@ -42,7 +42,7 @@ from fairseq.search import BeamSearch
 from fairseq.sequence_generator import EnsembleModel, SequenceGenerator
 from torch import Tensor, nn
 
-from ..ops.few_rows_linear import kernel_applies as few_rows_linear_applies
+from ..ops.few_rows_linear import few_rows_linear
 from .steppers import stepper_for
 
 logger = logging.getLogger(__name__)
@@ -94,8 +94,7 @@ def own_step_reason(models) -> Optional[str]:
 
 
 class OwnStepEnsembleModel(EnsembleModel):
-    """For decoders the TransformerStepper does not know (CAN with its compressed-attention op, SAS,
-    sparse QKV, Terraformer): the model's own incremental step (`extract_features`), then the output
+    """For incremental decoders no Stepper serves (the CAN ablations, sparse QKV, Terraformer): the model's own incremental step (`extract_features`), then the output
     projection through ops.few_rows_linear when it is fairseq's plain Linear output layer (the largest
     single read of a small decoder's step: 32,000 x d). With TwoStageBeamSearch this is the fast path's
     generic mode; the arithmetic is the model's, so hypotheses are the same as fairseq's."""
@@ -113,9 +112,8 @@ class OwnStepEnsembleModel(EnsembleModel):
         dec = model.decoder
         x, extra = dec.extract_features(tokens, encoder_out=encoder_outs[0], incremental_state=incremental_states[0])
         x = x[:, -1:, :]
-        if self.plain_output and few_rows_linear_applies(x):
-            proj = dec.output_projection
-            logits = torch.ops.fairseq_ext.few_rows_linear.default(x[:, 0], proj.weight, proj.bias).unsqueeze(1)
+        if self.plain_output:  # the kernel at 3-16 rows, else F.linear (= the output layer)
+            logits = few_rows_linear(x, dec.output_projection.weight, dec.output_projection.bias)
         else:
             logits = dec.output_layer(x)
         attn = None  # as fairseq's EnsembleModel: the last step's attention when the decoder returns one

@@ -42,7 +42,8 @@ def _fusable(modules) -> bool:
     return all(type(m) is nn.Linear for m in modules) and len({m.bias is None for m in modules}) == 1
 
 
-def _cross_attention_reason(att, i) -> Optional[str]:
+def _attention_reason(att, i) -> Optional[str]:
+    """None when the steppers can run this fairseq MultiheadAttention, else why not."""
     if type(att) is not MultiheadAttention or att.bias_k is not None or att.add_zero_attn:
         return f"decoder layer {i} attention {type(att).__name__}"
     return None
@@ -173,12 +174,9 @@ class TransformerStepper(Stepper):
 
     @classmethod
     def layer_reason(cls, i, layer):
-        if type(layer.self_attn) is not MultiheadAttention or layer.self_attn.bias_k is not None \
-                or layer.self_attn.add_zero_attn:
-            return f"decoder layer {i} attention {type(layer.self_attn).__name__}"
         if layer.encoder_attn is None:
             return f"decoder layer {i} has no cross-attention"
-        reason = _cross_attention_reason(layer.encoder_attn, i)
+        reason = _attention_reason(layer.self_attn, i) or _attention_reason(layer.encoder_attn, i)
         if reason:
             return reason
         if (layer.cross_self_attention or layer.c_attn is not None or layer.attn_ln is not None
@@ -251,33 +249,19 @@ class CANStepper(Stepper):
             return f"CAN decoder layer {i} activation {can.activation_name} (the fused step is ReLU's)"
         return None
 
-    def _projections(self, can):
-        return [can.q_proj, can.k_self, can.v_self, can.fc1]
-
-    def __init__(self, model, beam_size):
-        super().__init__(model, beam_size)
-        parts = [self._projections(l.can) for l in self.dec.layers]
-        self.fused = [FusedLinearWeights(p) if _fusable(p) else None for p in parts]
-
     def _start_layers(self, enc, pad):
         self.enc_kv = []  # per layer: (k (B, H, S, dh), v (B, H, S, dvh), bias (B, S) or None) per beam row
         rows = torch.arange(enc.size(1), device=enc.device).repeat_interleave(self.rows)
-        bias = None
-        if pad is not None:
-            bias = enc.new_zeros(pad.shape).masked_fill(pad.to(torch.bool), float("-inf")).index_select(0, rows)
         for layer in self.dec.layers:
-            can = layer.can
-            k = can._heads(can.k_enc(enc), can.head_dim).index_select(0, rows).contiguous()
-            v = can._heads(can.v_enc(enc), can.value_head_dim).index_select(0, rows).contiguous()
-            self.enc_kv.append((k, v, bias))
+            k, v, bias = layer.can._encoder_kv(enc, pad, {}, cache=False)  # per sentence
+            bias = bias.view(bias.size(0), -1).index_select(0, rows) if bias is not None else None
+            self.enc_kv.append((k.index_select(0, rows), v.index_select(0, rows), bias))
 
     def _can(self, i: int, can, h: Tensor) -> Tensor:
         b, heads = h.size(0), can.num_heads
-        fused = self.fused[i]
-        if fused is not None:
-            q, k, v, xw1 = self._linear(h, *fused.get()).split(fused.sizes, dim=-1)
-        else:
-            q, k, v, xw1 = (self._module(m, h) for m in self._projections(can))
+        # the module's own decoding projection: q, k, v, X·W1 as one product (few-rows kernel at 3-16
+        # rows), one by one for int8-quantized layers
+        q, k, v, xw1 = (p[0] for p in can._x_projections(h.unsqueeze(0)))
         q = (q * can.scaling).view(b, heads, can.head_dim)
         k_s, v_s, n = write_to_cache(self.caches[i], k.view(b, heads, can.head_dim),
                                      v.view(b, heads, can.value_head_dim))
@@ -309,7 +293,7 @@ class SASStepper(Stepper):
         if not block.attn.causal:
             return f"SAS decoder layer {i} attention is not causal"
         if block.encoder_attn is not None:
-            return _cross_attention_reason(block.encoder_attn, i)
+            return _attention_reason(block.encoder_attn, i)
         return None
 
     def __init__(self, model, beam_size):
@@ -326,7 +310,7 @@ class SASStepper(Stepper):
         """The shaped attention of this step's query (at position n-1) over the n cached keys (all allowed:
         causal, no padding among hypotheses): α·v_t + Σ_j (β·p_j − γ/n)·v_j (A = α·I + β·softmax − γ·C)."""
         b, heads, dh = n_in.size(0), att.num_heads, att.head_dim
-        values = n_in if att.value is None else n_in + torch.matmul(n_in, att.value)  # W_V = I + W
+        values = att.values(n_in)  # identity, or W_V = I + W in the first layer
         fused = self.fused[i]
         if fused is not None:
             q, k = self._linear(n_in, *fused.get()).split(fused.sizes, dim=-1)

@@ -1,8 +1,9 @@
 """The self-attention key/value caches of incremental decoding, shared by the attention modules of this
 package (compressed, sparse QKV, shaped). `append_to_cache` grows the cache by concatenation, as fairseq's
 own MultiheadAttention does; `write_to_cache` writes one step in place into a preallocated buffer that
-doubles when full (the decoding ops read its valid prefix; `reorder_written_cache` reorders it for beam search). `mask_scores` applies key padding and an additive
-mask for the sparse QKV and Terraformer attentions.
+doubles when full (the decoding ops read its valid prefix; `reorder_written_cache` reorders it for beam
+search). `mask_scores` applies key padding and an additive mask for the sparse QKV and Terraformer
+attentions.
 """
 from typing import Dict, Optional
 

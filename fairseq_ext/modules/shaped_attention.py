@@ -59,6 +59,10 @@ class ShapedAttention(nn.Module):
         """(L, B, C) -> (B, H, L, d_h)"""
         return x.view(x.size(0), x.size(1), self.num_heads, self.head_dim).permute(1, 2, 0, 3)
 
+    def values(self, x):
+        """The values: x itself (identity W_V), or x·(I + W) with the first layer's value matrix."""
+        return x if self.value is None else x + torch.matmul(x, self.value)
+
     def _allowed(self, t, s, offset, key_padding_mask, device):
         """(1|B, 1, T, S) bool: the keys query offset+i may see; and the (T, S) positions."""
         qpos = torch.arange(offset, offset + t, device=device).unsqueeze(1)
@@ -107,8 +111,7 @@ class ShapedAttention(nn.Module):
         Returns ((T, B, C), A averaged over heads if need_weights else None). A·V is computed as
         α·V_self + β·softmax·V − γ·C·V (the same numbers as attention_matrix(...) @ V)."""
         t, b, _ = x.shape
-        values = x if self.value is None else x + torch.matmul(x, self.value)
-        q, k, v = self._heads(self.q_proj(x)), self._heads(self.k_proj(x)), self._heads(values)
+        q, k, v = self._heads(self.q_proj(x)), self._heads(self.k_proj(x)), self._heads(self.values(x))
         pad = key_padding_mask
         offset = 0
         if incremental_state is not None:
