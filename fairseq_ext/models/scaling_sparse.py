@@ -262,6 +262,20 @@ def scaling_sparse_tiny(args):
     scaling_sparse_defaults(args)
 
 
+@register_model_architecture("scaling_sparse", "scaling_sparse_ff_tiny")
+def scaling_sparse_ff_tiny(args):
+    """Test size of scaling_sparse_ff: the sparse FFN (d_ff 128, N = 8) with dense attention."""
+    args.sparse_qkv_modules = getattr(args, "sparse_qkv_modules", 0)
+    scaling_sparse_tiny(args)
+
+
+@register_model_architecture("scaling_sparse", "scaling_sparse_qkv_tiny")
+def scaling_sparse_qkv_tiny(args):
+    """Test size of scaling_sparse_qkv: sparse QKV (S = 4, F = 3) with a dense FFN (d_ff 128)."""
+    args.sparse_ffn_block_size = getattr(args, "sparse_ffn_block_size", 0)
+    scaling_sparse_tiny(args)
+
+
 @register_model_architecture("scaling_sparse", "scaling_sparse_loss_tiny")
 def scaling_sparse_loss_tiny(args):
     """Test size of the fully sparse model: sparse FFN + QKV + sparse loss layer (S = 4), post-norm,
