@@ -50,6 +50,11 @@ PRESETS = {
                         ["--beam", "4"]),
     "decode_fast_sas": (decode_speed, "sas_block",
                         ["sas_block+fast", "sas_block+int8", "transformer", "transformer+fast"], []),
+    # the fast path's sparse QKV step (Transformer stepper) on the Scaling Transformer at Big dims, next to
+    # Transformer Big on both paths; batch 1, beam 5
+    "decode_fast_scaling_sparse": (decode_speed, "scaling_sparse",
+                                   ["scaling_sparse+fast", "transformer_wmt_en_de_big",
+                                    "transformer_wmt_en_de_big+fast"], []),
     # Simplified blocks: training throughput vs Pre-LN in the paper's LM setting (18 x 768, MLP 3072,
     # context 128; paper: ~15% faster, ~15% fewer parameters), and the translation model vs base
     "train_sas_lm": (train_speed, "preln_lm", ["sas_lm", "sas_p_lm", "sas_p_nonorm_lm"],

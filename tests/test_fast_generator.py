@@ -9,7 +9,8 @@ from fairseq_ext.decoding.fast_generator import FastEnsembleModel, FastSequenceG
 from matrix import build, fixed_batch
 
 SERVED = ["transformer_tiny", "transformer_balanced_tiny", "one_wide_ffn_tiny", "one_wide_ffn_cycle_tiny",
-          "one_wide_sparse_ffn_tiny", "scaling_sparse_ff_tiny", "can_decoder_tiny", "sas_block_tiny", "sas_block_nonorm_tiny"]
+          "one_wide_sparse_ffn_tiny", "scaling_sparse_ff_tiny", "scaling_sparse_qkv_tiny", "scaling_sparse_tiny",
+          "scaling_sparse_loss_tiny", "can_decoder_tiny", "sas_block_tiny", "sas_block_nonorm_tiny"]
 
 
 def _sharpened(tiny_data, arch):
@@ -59,8 +60,7 @@ def test_search_options_are_fairseqs(tiny_data):
     _compare(model, task, sample, beam_size=4, min_len=5, no_repeat_ngram_size=2, unk_penalty=0.5, max_len_b=9)
 
 
-@pytest.mark.parametrize("arch", ["can_decoder_attention_tiny", "can_decoder_ffn_tiny", "scaling_sparse_tiny",
-                                  "scaling_sparse_qkv_tiny", "terraformer_tiny"])
+@pytest.mark.parametrize("arch", ["can_decoder_attention_tiny", "can_decoder_ffn_tiny", "terraformer_tiny"])
 @pytest.mark.parametrize("beam,bsz", [(5, 1), (3, 4)])
 def test_other_archs_take_the_generic_mode_with_fairseqs_hypotheses(arch, beam, bsz, tiny_data):
     """Archs no Stepper serves say why, and decode with their own incremental step

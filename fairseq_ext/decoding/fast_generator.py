@@ -24,12 +24,13 @@ decoder; figures, profile before/after and the CTranslate2 comparison in docs/de
 
 Supported (steppers.py): one model whose decoder is fairseq's TransformerDecoderBase with layers of one
 kind: fairseq's Transformer layers (stock transformer, transformer_balanced, every One Wide FFN placement
-incl. layers without FFN, the sparse FFN of scaling_sparse_ff / one_wide_sparse_ffn; MultiheadAttention
-without bias_kv / zero_attn, no cross-self-attention, head scaling, attention LayerNorm or adaptive
-softmax), CAN layers (--can-compress all) or SAS blocks. Other incremental encoder-decoders (the CAN
-ablations, sparse QKV, Terraformer) take the generic mode (`OwnStepEnsembleModel`: their own step, the
-kernel output projection, the two-stage top-k) with a one-line notice saying why (`unsupported_reason`);
-ensembles use fairseq's step. CAN 1.22x and SAS 1.37x fairseq's generator (docs/decoding/README.md).
+incl. layers without FFN, the sparse FFN of scaling_sparse_ff / one_wide_sparse_ffn, the sparse QKV of
+scaling_sparse / _qkv; MultiheadAttention without bias_kv / zero_attn, no cross-self-attention, head
+scaling, attention LayerNorm or adaptive softmax), CAN layers (--can-compress all) or SAS blocks. Other
+incremental encoder-decoders (the CAN ablations, Terraformer) take the generic mode
+(`OwnStepEnsembleModel`: their own step, the kernel output projection, the two-stage top-k) with a
+one-line notice saying why (`unsupported_reason`); ensembles use fairseq's step. CAN 1.22x, SAS 1.37x
+and scaling_sparse 1.33x fairseq's generator (docs/decoding/README.md).
 """
 import logging
 import warnings
@@ -94,10 +95,11 @@ def own_step_reason(models) -> Optional[str]:
 
 
 class OwnStepEnsembleModel(EnsembleModel):
-    """For incremental decoders no Stepper serves (the CAN ablations, sparse QKV, Terraformer): the model's own incremental step (`extract_features`), then the output
-    projection through ops.few_rows_linear when it is fairseq's plain Linear output layer (the largest
-    single read of a small decoder's step: 32,000 x d). With TwoStageBeamSearch this is the fast path's
-    generic mode; the arithmetic is the model's, so hypotheses are the same as fairseq's."""
+    """For incremental decoders no Stepper serves (the CAN ablations, Terraformer): the model's own
+    incremental step (`extract_features`), then the output projection through ops.few_rows_linear when
+    it is fairseq's plain Linear output layer (the largest single read of a small decoder's step:
+    32,000 x d). With TwoStageBeamSearch this is the fast path's generic mode; the arithmetic is the
+    model's, so hypotheses are the same as fairseq's."""
 
     def __init__(self, models):
         super().__init__(models)

@@ -2,7 +2,9 @@
 incremental-state dictionaries, for the decoders this package knows.
 
 - `TransformerStepper`: fairseq's TransformerDecoderLayerBase layers (stock Transformer, every One Wide
-  FFN placement, the sparse FFN of scaling_sparse_ff / one_wide_sparse_ffn).
+  FFN placement, the sparse FFN of scaling_sparse_ff / one_wide_sparse_ffn, the sparse QKV attention of
+  scaling_sparse / _qkv: the multiplicative layer, then Q, K and V of the last F steps as one convolution,
+  the causal conv state kept beside the key/value cache; cross-attention keys/values once per sentence).
 - `CANStepper`: Compressed Attention Network layers (models/can.py, --can-compress all): the fused input
   projection (q, k, v, X·W1) as one product, the decoder's keys/values written in place, and the
   attention, ReLU and second FFN layer as one call of ops.compressed_attention_decode (Eq. 11 + 13).
@@ -32,6 +34,7 @@ from ..models.can import CANDecoderLayer
 from ..models.sas import SASDecoderLayer
 from ..modules.fused_linear import FusedLinearWeights
 from ..modules.kv_cache import reorder_written_cache, write_to_cache
+from ..modules.multiplicative import SparseQKVAttention
 from ..ops.compressed_attention import compressed_attention_decode, compressed_attention_hidden_reference
 from ..ops.few_rows_linear import kernel_applies as few_rows_linear_applies
 
@@ -105,8 +108,14 @@ class Stepper:
 
     def _cross_attention(self, att: MultiheadAttention, x: Tensor, cross) -> Tensor:
         """fairseq's encoder-decoder attention of one query row per hypothesis over the per-sentence cache."""
-        bsz, d, heads, dh = x.size(0), att.embed_dim, att.num_heads, att.head_dim
         q = self._module(att.q_proj, x) * att.scaling  # (B, d)
+        return self._module(att.out_proj, self._attend_encoder(q, cross))
+
+    @staticmethod
+    def _attend_encoder(q: Tensor, cross) -> Tensor:
+        """Scaled queries q (B, d), one row per hypothesis, over a per-sentence encoder cache: (B, d)."""
+        bsz, d, heads = q.size(0), q.size(1), cross["heads"]
+        dh = d // heads
         k, v, pad = cross["k"], cross["v"], cross["pad"]  # (kv_bsz * H, S, d_h)
         kv_bsz, src_len = k.size(0) // heads, k.size(1)
         rows = bsz // kv_bsz  # beam rows per sentence: one batched product per (sentence, head)
@@ -117,7 +126,7 @@ class Stepper:
                                                                  float("-inf")).view(kv_bsz * heads, rows, src_len)
         probs = utils.softmax(w, dim=-1).type_as(w)
         out = torch.bmm(probs, v)  # (kv_bsz * H, rows, d_h)
-        return self._module(att.out_proj, out.view(kv_bsz, heads, rows, dh).transpose(1, 2).reshape(bsz, d))
+        return out.view(kv_bsz, heads, rows, dh).transpose(1, 2).reshape(bsz, d)
 
     @torch.no_grad()
     def step(self, tokens: Tensor) -> Tensor:
@@ -168,6 +177,16 @@ class Stepper:
         pass
 
 
+def _stacked_qkv_conv(att: SparseQKVAttention) -> Tuple[Tensor, Tensor]:
+    """The Q, K and V convolutions of a sparse QKV self-attention as one (3M, M, F, K) weight and bias
+    (V's module kernel of 1 zero-padded to K: the same products)."""
+    kq = att.conv_q.weight.size(-1)
+    weights = [F.pad(c.weight, ((kq - c.weight.size(-1)) // 2,) * 2) for c in (att.conv_q, att.conv_k, att.conv_v)]
+    if any(w.shape != weights[0].shape for w in weights):
+        raise ValueError("sparse QKV convolutions of different kernels cannot be stacked")
+    return (torch.cat(weights).detach(), torch.cat([att.conv_q.bias, att.conv_k.bias, att.conv_v.bias]).detach())
+
+
 class TransformerStepper(Stepper):
     """fairseq's TransformerDecoderLayerBase layers: pre- or post-norm self-attention (Q, K, V as one
     product), cross-attention, FFN (absent in One Wide FFN layers without one; a sparse FFN as its module)."""
@@ -176,9 +195,13 @@ class TransformerStepper(Stepper):
     def layer_reason(cls, i, layer):
         if layer.encoder_attn is None:
             return f"decoder layer {i} has no cross-attention"
-        reason = _attention_reason(layer.self_attn, i) or _attention_reason(layer.encoder_attn, i)
+        reason = next((r for att in (layer.self_attn, layer.encoder_attn)
+                       if type(att) is not SparseQKVAttention for r in [_attention_reason(att, i)] if r), None)
         if reason:
             return reason
+        if any(type(att) is SparseQKVAttention and not att.conv_q.causal
+               for att in (layer.self_attn, layer.encoder_attn)):
+            return f"decoder layer {i} sparse QKV attention is not causal"
         if (layer.cross_self_attention or layer.c_attn is not None or layer.attn_ln is not None
                 or layer.ffn_layernorm is not None or layer.w_resid is not None):
             return f"decoder layer {i} uses head scaling / attention or FFN LayerNorm / residual weights"
@@ -186,12 +209,85 @@ class TransformerStepper(Stepper):
 
     def __init__(self, model, beam_size):
         super().__init__(model, beam_size)
-        parts = [(l.self_attn.q_proj, l.self_attn.k_proj, l.self_attn.v_proj) for l in self.dec.layers]
-        self.qkv = [FusedLinearWeights(p) if _fusable(p) and len({m.weight.shape for m in p}) == 1 else None
+        parts = [(l.self_attn.q_proj, l.self_attn.k_proj, l.self_attn.v_proj)
+                 if type(l.self_attn) is MultiheadAttention else () for l in self.dec.layers]
+        self.qkv = [FusedLinearWeights(p) if p and _fusable(p) and len({m.weight.shape for m in p}) == 1 else None
                     for p in parts]  # per layer: fused Q/K/V weights (rebuilt by get() when a weight changes)
+        # sparse QKV layers: per layer, the last F-1 multiplicative outputs of the self-attention and of
+        # the cross-attention's query path (the causal convolutions' state), and the self-attention's
+        # Q/K/V convolutions stacked into one
+        self.conv_state: List[Dict[str, Tensor]] = []
+        self.qkv_conv: List[Optional[Tuple[Tensor, Tensor]]] = []
 
     def _start_layers(self, enc, pad):
-        self.cross = [self._mha_cross_cache(l.encoder_attn, enc, pad) for l in self.dec.layers]
+        self.cross, self.conv_state, self.qkv_conv = [], [], []
+        for layer in self.dec.layers:
+            att = layer.encoder_attn
+            self.cross.append(self._sparse_cross_cache(att, enc, pad) if type(att) is SparseQKVAttention
+                              else self._mha_cross_cache(att, enc, pad))
+            self.conv_state.append({})
+            att = layer.self_attn
+            self.qkv_conv.append(_stacked_qkv_conv(att) if type(att) is SparseQKVAttention else None)
+
+    @staticmethod
+    def _sparse_cross_cache(att: SparseQKVAttention, enc: Tensor, pad: Optional[Tensor]):
+        """Sparse QKV cross-attention keys/values of the encoder output, per sentence (§3.2: the shared
+        multiplicative layer, padded positions zeroed, the non-causal K and V convolutions over the source)."""
+        m = att.mult(enc)  # (S, kv_bsz, modules, M)
+        if pad is not None:
+            m = m.masked_fill(pad.t().reshape(m.size(0), m.size(1), 1, 1), 0.0)
+        s, kv_bsz, heads, dh = m.size(0), m.size(1), att.num_heads, att.head_dim
+
+        def per_head(t):  # (S, kv_bsz, modules, M) -> (kv_bsz * H, S, d_h)
+            return t.reshape(s, kv_bsz * heads, dh).transpose(0, 1)
+
+        return {"k": per_head(att.conv_k(m)), "v": per_head(att.conv_v(m)), "pad": pad, "heads": heads}
+
+    def _causal_window(self, i: int, name: str, m: Tensor, length_kernel: int) -> Tensor:
+        """This step's multiplicative output m (B, modules, M) after the F-1 kept before it, (F, B, modules,
+        M) (zeros before the first step, as the module's own step); keeps the last F-1 for the next step."""
+        if length_kernel == 1:
+            return m.unsqueeze(0)
+        state = self.conv_state[i]
+        prev = state.get(name)
+        if prev is None:
+            prev = m.new_zeros(length_kernel - 1, *m.shape)
+        window = torch.cat([prev, m.unsqueeze(0)], dim=0)
+        state[name] = window[1:]
+        return window
+
+    @staticmethod
+    def _conv_last(window: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
+        """The module convolution's output at the window's last step: (F, B, modules, M) -> (B, C, modules)."""
+        out = F.conv2d(window.permute(1, 3, 0, 2), weight, bias, padding=(0, weight.size(-1) // 2))
+        return out.squeeze(2)  # (B, C, 1, modules) -> (B, C, modules)
+
+    def _sparse_self_attention(self, i: int, att: SparseQKVAttention, x: Tensor) -> Tensor:
+        """Sparse QKV self-attention of one step (§3.2): Q, K, V of the last F multiplicative outputs as one
+        convolution, this step's key/value written in place, no output dense layer."""
+        bsz, heads, dh, mods = x.size(0), att.num_heads, att.head_dim, att.num_modules
+        window = self._causal_window(i, "self", att.mult(x), att.conv_q.length_kernel)
+        qkv = self._conv_last(window, *self.qkv_conv[i]).view(bsz, 3, att.module_dim, mods)
+        q, k, v = (qkv[:, j].transpose(1, 2).reshape(bsz, heads, dh) for j in range(3))  # (modules, M) order
+        kbuf, vbuf, n = write_to_cache(self.caches[i], k, v)
+        keys = kbuf[:, :, :n].reshape(bsz * heads, n, dh)
+        values = vbuf[:, :, :n].reshape(bsz * heads, n, dh)
+        q = (q * att.scaling).reshape(bsz * heads, 1, dh)
+        probs = utils.softmax(torch.bmm(q, keys.transpose(1, 2)), dim=-1).type_as(q)
+        return torch.bmm(probs, values).view(bsz, heads * dh)
+
+    def _sparse_cross_attention(self, i: int, att: SparseQKVAttention, x: Tensor) -> Tensor:
+        """Sparse QKV cross-attention of one step: the query through the shared multiplicative layer and
+        the causal Q convolution (its own state), over the per-sentence encoder keys/values."""
+        conv = att.conv_q
+        window = self._causal_window(i, "cross", att.mult(x), conv.length_kernel)
+        q = self._conv_last(window, conv.weight, conv.bias).transpose(1, 2).reshape(x.size(0), att.embed_dim)
+        return self._attend_encoder(q * att.scaling, self.cross[i])
+
+    def _reorder_layers(self, order):
+        for state in self.conv_state:
+            for name, t in state.items():
+                state[name] = t.index_select(1, order)
 
     def _self_attention(self, att: MultiheadAttention, fused: Optional[FusedLinearWeights], x: Tensor,
                         cache: Dict[str, Tensor]) -> Tensor:
@@ -217,12 +313,18 @@ class TransformerStepper(Stepper):
         pre = layer.normalize_before
         residual = x
         h = layer.self_attn_layer_norm(x) if pre else x
-        x = residual + self._self_attention(layer.self_attn, self.qkv[i], h, self.caches[i])
+        if self.qkv_conv[i] is not None:
+            x = residual + self._sparse_self_attention(i, layer.self_attn, h)
+        else:
+            x = residual + self._self_attention(layer.self_attn, self.qkv[i], h, self.caches[i])
         if not pre:
             x = layer.self_attn_layer_norm(x)
         residual = x
         h = layer.encoder_attn_layer_norm(x) if pre else x
-        x = residual + self._cross_attention(layer.encoder_attn, h, self.cross[i])
+        if type(layer.encoder_attn) is SparseQKVAttention:
+            x = residual + self._sparse_cross_attention(i, layer.encoder_attn, h)
+        else:
+            x = residual + self._cross_attention(layer.encoder_attn, h, self.cross[i])
         if not pre:
             x = layer.encoder_attn_layer_norm(x)
         if hasattr(layer, "fc1"):  # One Wide FFN layers may have none
