@@ -216,44 +216,57 @@ def plot(result, path):
     plt.close(fig)
 
 
+def split_label(spec):
+    """(table name, model) of a spec: 'NAME=MODEL' names a checkpoint path or an arch spec ('dense=
+    transformer@--encoder-layers 4'); any other spec is its own name."""
+    head, sep, rest = spec.partition("=")
+    if sep and head and "@" not in head and " " not in head:
+        return head, rest
+    return spec, spec
+
+
 def _same_model(base, models, vocab):
     """(model, task) of spec `base`: the one already parsed (shared), else built; None if unregistered."""
-    return models.get(base) or parse_models([base], vocab).get(base)
+    name = split_label(base)[0]
+    return models.get(name) or parse_models([base], vocab).get(name)
 
 
 def parse_models(specs, vocab):
-    """'arch', 'arch@FLAGS', 'name=path.pt', any of them + '+fast' (same model, fast decoding path),
-    '+int8' (a copy whose decoder the fast path quantizes to int8) or '+ct2' / '+ct2int8' (the same model
-    in CTranslate2, fp32 / int8) ->
+    """'arch', 'arch@FLAGS', 'path.pt', 'NAME=' before any of them (its name in the table), any of them +
+    '+fast' (same model, fast decoding path), '+int8' (a copy whose decoder the fast path quantizes to
+    int8) or '+ct2' / '+ct2int8' (the same model in CTranslate2, fp32 / int8) ->
     {name: (model, task)}; unregistered archs are skipped with a note."""
     models = {}
     for spec in specs:
-        if ct2_suffix(spec):  # the same model, converted to CTranslate2 when the run starts
+        suffix = ct2_suffix(spec) or next((s for s in (FAST, INT8) if spec.endswith(s)), "")
+        base = spec[: len(spec) - len(suffix)]
+        name = split_label(base)[0] + suffix
+        if suffix in ct2.SUFFIXES:  # the same model, converted to CTranslate2 when the run starts
             if not ct2.available():
                 print(f"skipping {spec}: ctranslate2 is not installed (pip install ctranslate2)", file=sys.stderr)
                 continue
-            found = _same_model(spec[: -len(ct2_suffix(spec))], models, vocab)
+            found = _same_model(base, models, vocab)
             reason = ct2.unsupported_reason(found[0]) if found is not None else "not built"
             if reason is not None:
                 print(f"skipping {spec}: CTranslate2 cannot run it ({reason})", file=sys.stderr)
                 continue
-            models[spec] = found
+            models[name] = found
             continue
-        if spec.endswith(FAST):  # the same model (shared when also listed plainly), fast decoding path
-            found = _same_model(spec[: -len(FAST)], models, vocab)
+        if suffix == FAST:  # the same model (shared when also listed plainly), fast decoding path
+            found = _same_model(base, models, vocab)
             if found is not None:
-                models[spec] = found
+                models[name] = found
             continue
-        if spec.endswith(INT8):  # its own copy (quantized in place by the generator), fast path
-            found = parse_models([spec[: -len(INT8)]], vocab)
-            models.update({spec: m for m in found.values()})
+        if suffix == INT8:  # its own copy (quantized in place by the generator), fast path
+            found = parse_models([base], vocab)
+            models.update({name: m for m in found.values()})
             continue
-        if "=" in spec:
-            name, path = spec.split("=", 1)
-            models[name] = common.load_checkpoint_model(path)
+        model = split_label(spec)[1]
+        if model.endswith(".pt") or os.path.isfile(model):
+            models[name] = common.load_checkpoint_model(model)
             continue
         try:
-            models[spec] = common.build_model(spec, vocab)
+            models[name] = common.build_model(model, vocab)
         except KeyError:
             print(f"skipping {spec}: not a registered architecture (yet)", file=sys.stderr)
     return models
@@ -261,8 +274,11 @@ def parse_models(specs, vocab):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--baseline", default="transformer", help="arch name or NAME=checkpoint.pt")
-    p.add_argument("--candidates", nargs="+", default=[], help="arch names, arch@FLAGS (model flags, e.g. \"terraformer_base@--no-reversible\") or NAME=checkpoint.pt")
+    p.add_argument("--baseline", default="transformer",
+                   help="arch name, arch@FLAGS or checkpoint.pt, optionally NAME=... (its name in the table)")
+    p.add_argument("--candidates", nargs="+", default=[],
+                   help="arch names, arch@FLAGS (model flags, e.g. \"terraformer_base@--no-reversible\") or checkpoint.pt, "
+                        "each optionally NAME=... (its name in the table) and +fast / +int8 / +ct2 / +ct2int8")
     p.add_argument("--vocab", type=int, default=32000, help="joint vocabulary size (random-weight models)")
     p.add_argument("--batch-sizes", default="1", help="comma list, or 'sweep' for 1,2,4,...,64")
     p.add_argument("--beam", type=int, default=5)
@@ -280,7 +296,7 @@ def main(argv=None):
     batch_sizes = SWEEP if args.batch_sizes == "sweep" else [int(b) for b in args.batch_sizes.split(",")]
     threads = common.set_threads(args.threads)
     models = parse_models([args.baseline] + args.candidates, args.vocab)
-    baseline = args.baseline.split("=", 1)[0]
+    baseline = split_label(args.baseline)[0]
     if baseline not in models:
         p.error(f"--baseline {args.baseline}: not a registered architecture or checkpoint")
     result = run(models, baseline, batch_sizes, args.beam, args.src_len, args.tgt_len, args.repeats,

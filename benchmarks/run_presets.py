@@ -14,6 +14,20 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import decode_speed  # noqa: E402
 import train_speed  # noqa: E402
 
+# The recipes' small dims (examples/small_dims.sh: 4+2 layers, d 256, 4 heads, pre-norm) and the
+# Scaling Transformer recipe's models at those dims (examples/scaling_sparse/train.sh), 8k vocabulary
+SMALL = ("--encoder-layers 4 --decoder-layers 2 --encoder-embed-dim 256 --decoder-embed-dim 256 "
+         "--encoder-attention-heads 4 --decoder-attention-heads 4 --encoder-normalize-before "
+         "--decoder-normalize-before --share-all-embeddings")
+SMALL_FFN = "--encoder-ffn-embed-dim 1024 --decoder-ffn-embed-dim 1024"
+DENSE_SMALL = f"dense=transformer@{SMALL} {SMALL_FFN}"
+SMALL_SPARSE = [f"sparse_ff=scaling_sparse_ff@{SMALL} {SMALL_FFN} --sparse-ffn-block-size 64",
+                f"sparse_ff_n128=scaling_sparse_ff@{SMALL} {SMALL_FFN} --sparse-ffn-block-size 128",
+                f"sparse_ff_qkv=scaling_sparse@{SMALL} --sparse-qkv-modules 4 --encoder-ffn-embed-dim 1344 "
+                "--decoder-ffn-embed-dim 1344"]
+SMALL_SPARSE_ALL = [DENSE_SMALL + "+fast"] + [s + suffix for s in SMALL_SPARSE for suffix in ("", "+fast")]
+
+
 # name: (script, baseline, candidates, extra flags). Paper figures in the comments.
 PRESETS = {
     # the stock figures every later ratio builds on: 6/6 base, big, and the 12/2 balanced model
@@ -31,6 +45,11 @@ PRESETS = {
                               ["scaling_sparse_ff", "scaling_sparse_qkv", "scaling_sparse"], ["--beam", "1"]),
     "decode_scaling_sparse_beam5": (decode_speed, "transformer_wmt_en_de_big",
                                     ["scaling_sparse_ff", "scaling_sparse_qkv", "scaling_sparse"], ["--beam", "5"]),
+    # ... and at the recipe's small dims (the models of examples/scaling_sparse/compare.sh: dense, sparse
+    # FFN N = 64 / 128, sparse FFN + QKV), each also on the fast path; greedy and beam 5, batch 1
+    "decode_scaling_sparse_small": (decode_speed, DENSE_SMALL, SMALL_SPARSE_ALL, ["--beam", "1", "--vocab", "8000"]),
+    "decode_scaling_sparse_small_beam5": (decode_speed, DENSE_SMALL, SMALL_SPARSE_ALL,
+                                          ["--beam", "5", "--vocab", "8000"]),
     # One Wide FFN whose 49,152-unit shared FFN is top-1-of-64 sparse, vs the dense One Wide FFN
     "decode_one_wide_sparse_ffn": (decode_speed, "one_wide_ffn_big", ["one_wide_sparse_ffn_big"], []),
     # Fast decoding path (issue 9): fairseq's SequenceGenerator vs fairseq_ext's fast step (fp32, int8 decoder)

@@ -129,13 +129,17 @@ def test_presets_skip_unregistered_candidates(tmp_path, capsys):
         assert "skipping one_wide_ffn_base" in capsys.readouterr().err
 
 
-def test_decode_speed_loads_checkpoints(trained, tmp_path):
+def test_decode_speed_loads_checkpoints_and_named_specs(trained, tmp_path):
+    """NAME=checkpoint.pt (also on the fast path: NAME=checkpoint.pt+fast) and NAME=arch@FLAGS."""
     save, _, _ = trained
-    decode_speed.main(["--baseline", "transformer_tiny", "--candidates", f"trained={save / 'checkpoint_last.pt'}",
-                       "--quick", "--vocab", "500", "--out-dir", str(tmp_path), "--name", "c"])
+    ckpt = save / "checkpoint_last.pt"
+    decode_speed.main(["--baseline", "transformer_tiny", "--candidates", f"trained={ckpt}", f"trained={ckpt}+fast",
+                       "narrow=transformer_tiny@--decoder-ffn-embed-dim 32", "--quick", "--vocab", "500",
+                       "--out-dir", str(tmp_path), "--name", "c"])
     r = json.loads((tmp_path / "c.json").read_text())
-    assert set(r["models"]) == {"transformer_tiny", "trained"}
-    assert r["ratios"]["1"]["trained"]["median"] > 0
+    assert set(r["models"]) == {"transformer_tiny", "trained", "trained+fast", "narrow"}
+    assert r["models"]["narrow"]["params"] < r["models"]["transformer_tiny"]["params"]
+    assert all(r["ratios"]["1"][m]["median"] > 0 for m in ("trained", "trained+fast", "narrow"))
 
 
 def test_sparse_ffn_speed_quick(tmp_path):

@@ -6,7 +6,8 @@
 #   dense  baseline small | sparse_ff  N=64 | sparse_ff_n128  N=128 | sparse_ff_qkv  N=64 + S=4, d_ff 1,344
 # `tiny` trains baseline tiny vs scaling_sparse_tiny instead (a smoke run). Environment: VOCAB,
 # EVAL_FLAGS (see examples/compare.sh). Harness decode speed (greedy batch 1 / beam 5):
-# benchmarks/run_presets.py decode_scaling_sparse_small.
+# `benchmarks/run_presets.py --only decode_scaling_sparse_small decode_scaling_sparse_small_beam5`
+# (the same models, random weights, 8k vocabulary, each also on the fast path).
 set -euo pipefail
 corpus=$1; out=$2; max_update=$3; size=${4:-small}
 here=$(cd "$(dirname "$0")" && pwd)
