@@ -13,10 +13,10 @@ SERVED = ["transformer_tiny", "transformer_balanced_tiny", "one_wide_ffn_tiny", 
           "scaling_sparse_loss_tiny", "can_decoder_tiny", "sas_block_tiny", "sas_block_nonorm_tiny"]
 
 
-def _sharpened(tiny_data, arch):
+def _sharpened(tiny_data, arch, flags=()):
     """A tiny model in eval mode whose decoder weights are scaled by 1.5 (random weights give flat
     distributions, where near-ties would make the comparison depend on last-bit differences)."""
-    _, task, model, _ = build(tiny_data, arch)
+    _, task, model, _ = build(tiny_data, arch, extra=flags)
     with torch.no_grad():
         for p in model.decoder.parameters():
             p.mul_(1.5)
@@ -51,6 +51,15 @@ def _compare(model, task, sample, gen_cls=FastEnsembleModel, tol=1e-5, **kw):
 def test_same_hypotheses_as_sequence_generator(arch, beam, bsz, lenpen, tiny_data):
     task, model = _sharpened(tiny_data, arch)
     _compare(model, task, fixed_batch(task, n=bsz), beam_size=beam, len_penalty=lenpen)
+
+
+@pytest.mark.parametrize("flags", [["--sparse-qkv-module-kernel", "1"], ["--sparse-qkv-kernel", "1"],
+                                   ["--sparse-qkv-kernel", "4", "--sparse-qkv-module-kernel", "5"]])
+def test_sparse_qkv_step_other_kernels(flags, tiny_data):
+    """The sparse QKV step's convolution as one product over (F steps x K modules) patches: other length
+    and module kernels than the tiny archs' (F = 1: no conv state; K = 1: no module padding)."""
+    task, model = _sharpened(tiny_data, "scaling_sparse_tiny", flags)
+    _compare(model, task, fixed_batch(task, n=8), beam_size=5)
 
 
 def test_search_options_are_fairseqs(tiny_data):

@@ -34,7 +34,7 @@ from ..models.can import CANDecoderLayer
 from ..models.sas import SASDecoderLayer
 from ..modules.fused_linear import FusedLinearWeights
 from ..modules.kv_cache import reorder_written_cache, write_to_cache
-from ..modules.multiplicative import SparseQKVAttention
+from ..modules.multiplicative import SparseQKVAttention, conv_last_step, conv_patch_matrix
 from ..ops.compressed_attention import compressed_attention_decode, compressed_attention_hidden_reference
 from ..ops.few_rows_linear import kernel_applies as few_rows_linear_applies
 
@@ -177,14 +177,15 @@ class Stepper:
         pass
 
 
-def _stacked_qkv_conv(att: SparseQKVAttention) -> Tuple[Tensor, Tensor]:
-    """The Q, K and V convolutions of a sparse QKV self-attention as one (3M, M, F, K) weight and bias
-    (V's module kernel of 1 zero-padded to K: the same products)."""
+def _sparse_convs(att: SparseQKVAttention) -> Tuple[Tensor, Tensor, int]:
+    """The Q, K and V convolutions of a sparse QKV self-attention as one matrix (V's module kernel of 1
+    zero-padded to K: the same products), its bias, and K."""
     kq = att.conv_q.weight.size(-1)
     weights = [F.pad(c.weight, ((kq - c.weight.size(-1)) // 2,) * 2) for c in (att.conv_q, att.conv_k, att.conv_v)]
     if any(w.shape != weights[0].shape for w in weights):
         raise ValueError("sparse QKV convolutions of different kernels cannot be stacked")
-    return (torch.cat(weights).detach(), torch.cat([att.conv_q.bias, att.conv_k.bias, att.conv_v.bias]).detach())
+    bias = torch.cat([att.conv_q.bias, att.conv_k.bias, att.conv_v.bias]).detach()
+    return conv_patch_matrix(torch.cat(weights)), bias, kq
 
 
 class TransformerStepper(Stepper):
@@ -217,17 +218,22 @@ class TransformerStepper(Stepper):
         # the cross-attention's query path (the causal convolutions' state), and the self-attention's
         # Q/K/V convolutions stacked into one
         self.conv_state: List[Dict[str, Tensor]] = []
-        self.qkv_conv: List[Optional[Tuple[Tensor, Tensor]]] = []
+        self.qkv_conv: List[Optional[Tuple[Tensor, Tensor, int]]] = []
+        self.cross_conv: List[Optional[Tuple[Tensor, Tensor, int]]] = []  # the cross-attention's Q conv
 
     def _start_layers(self, enc, pad):
-        self.cross, self.conv_state, self.qkv_conv = [], [], []
+        self.cross, self.conv_state, self.qkv_conv, self.cross_conv = [], [], [], []
         for layer in self.dec.layers:
             att = layer.encoder_attn
             self.cross.append(self._sparse_cross_cache(att, enc, pad) if type(att) is SparseQKVAttention
                               else self._mha_cross_cache(att, enc, pad))
             self.conv_state.append({})
             att = layer.self_attn
-            self.qkv_conv.append(_stacked_qkv_conv(att) if type(att) is SparseQKVAttention else None)
+            self.qkv_conv.append(_sparse_convs(att) if type(att) is SparseQKVAttention else None)
+            att = layer.encoder_attn
+            conv = att.conv_q if type(att) is SparseQKVAttention else None
+            self.cross_conv.append((conv.patch_matrix(), conv.bias.detach(), conv.module_kernel)
+                                   if conv is not None else None)
 
     @staticmethod
     def _sparse_cross_cache(att: SparseQKVAttention, enc: Tensor, pad: Optional[Tensor]):
@@ -256,19 +262,13 @@ class TransformerStepper(Stepper):
         state[name] = window[1:]
         return window
 
-    @staticmethod
-    def _conv_last(window: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
-        """The module convolution's output at the window's last step: (F, B, modules, M) -> (B, C, modules)."""
-        out = F.conv2d(window.permute(1, 3, 0, 2), weight, bias, padding=(0, weight.size(-1) // 2))
-        return out.squeeze(2)  # (B, C, 1, modules) -> (B, C, modules)
-
     def _sparse_self_attention(self, i: int, att: SparseQKVAttention, x: Tensor) -> Tensor:
         """Sparse QKV self-attention of one step (§3.2): Q, K, V of the last F multiplicative outputs as one
         convolution, this step's key/value written in place, no output dense layer."""
         bsz, heads, dh, mods = x.size(0), att.num_heads, att.head_dim, att.num_modules
         window = self._causal_window(i, "self", att.mult(x), att.conv_q.length_kernel)
-        qkv = self._conv_last(window, *self.qkv_conv[i]).view(bsz, 3, att.module_dim, mods)
-        q, k, v = (qkv[:, j].transpose(1, 2).reshape(bsz, heads, dh) for j in range(3))  # (modules, M) order
+        qkv = conv_last_step(window, *self.qkv_conv[i]).view(bsz, mods, 3, att.module_dim)
+        q, k, v = (qkv[:, :, j].reshape(bsz, heads, dh) for j in range(3))  # (modules, M) order
         kbuf, vbuf, n = write_to_cache(self.caches[i], k, v)
         keys = kbuf[:, :, :n].reshape(bsz * heads, n, dh)
         values = vbuf[:, :, :n].reshape(bsz * heads, n, dh)
@@ -279,9 +279,8 @@ class TransformerStepper(Stepper):
     def _sparse_cross_attention(self, i: int, att: SparseQKVAttention, x: Tensor) -> Tensor:
         """Sparse QKV cross-attention of one step: the query through the shared multiplicative layer and
         the causal Q convolution (its own state), over the per-sentence encoder keys/values."""
-        conv = att.conv_q
-        window = self._causal_window(i, "cross", att.mult(x), conv.length_kernel)
-        q = self._conv_last(window, conv.weight, conv.bias).transpose(1, 2).reshape(x.size(0), att.embed_dim)
+        window = self._causal_window(i, "cross", att.mult(x), att.conv_q.length_kernel)
+        q = conv_last_step(window, *self.cross_conv[i]).reshape(x.size(0), att.embed_dim)
         return self._attend_encoder(q * att.scaling, self.cross[i])
 
     def _reorder_layers(self, order):

@@ -51,6 +51,26 @@ class MultiplicativeDense(nn.Module):
         return torch.matmul(x.unsqueeze(-2) * self.D.t(), self.E)  # (…, S, M)
 
 
+def conv_patch_matrix(weight: Tensor) -> Tensor:
+    """A module convolution's (C, M, F, K) weight as the (F·K·M, C) matrix that maps the (F steps × K
+    modules × M) patch around a module to its C outputs."""
+    return weight.detach().permute(2, 3, 1, 0).reshape(-1, weight.size(0)).contiguous()
+
+
+def conv_last_step(window: Tensor, matrix: Tensor, bias: Tensor, module_kernel: int) -> Tensor:
+    """A causal module convolution's output at the last of F steps, (F, B, S, M) -> (B, S, C): each
+    module's (F steps × K modules) patch, zero-padded at the ends, times conv_patch_matrix (one product
+    for all rows and modules; what a decoding step needs, 2.5x faster than F.conv2d at these sizes)."""
+    f, b, mods, m = window.shape
+    x = window.permute(1, 2, 0, 3)  # (B, S, F, M)
+    half = module_kernel // 2
+    if half:
+        x = F.pad(x, (0, 0, 0, 0, half, half))
+    patches = x.unfold(1, module_kernel, 1).permute(0, 1, 2, 4, 3)  # (B, S, F, K, M)
+    out = torch.addmm(bias, patches.reshape(b * mods, f * module_kernel * m), matrix)
+    return out.view(b, mods, -1)
+
+
 class ModuleConv(nn.Module):
     """Convolution over (length, modules) of a (T, B, S, M) tensor, M -> M channels (§3.2)."""
 
@@ -67,6 +87,17 @@ class ModuleConv(nn.Module):
 
     def extra_repr(self):
         return f"kernel={self.length_kernel}x{self.module_kernel}, causal={self.causal}"
+
+    def patch_matrix(self) -> Tensor:
+        """conv_patch_matrix of the weight, kept until the weight changes."""
+        key = (self.weight.data_ptr(), self.weight._version, self.weight.dtype)
+        if getattr(self, "_patch_key", None) != key:
+            self._patch_matrix, self._patch_key = conv_patch_matrix(self.weight), key
+        return self._patch_matrix
+
+    def last_step(self, window: Tensor) -> Tensor:
+        """Causal decoding: the output at the last of the window's F steps, (F, B, S, M) -> (1, B, S, M)."""
+        return conv_last_step(window, self.patch_matrix(), self.bias, self.module_kernel).unsqueeze(0)
 
     def forward(self, x, prev: Optional[Tensor] = None):
         """x: (T, B, S, M). prev: (F−1, B, S, M) inputs before x (causal decoding state) or None
@@ -117,6 +148,18 @@ class SparseQKVAttention(nn.Module):
             return m
         return m.masked_fill(padding_mask.t().reshape(m.size(0), m.size(1), 1, 1), 0.0)
 
+    def _one_step(self, t: int, state) -> bool:
+        """An incremental decoding step of one token through causal convolutions (conv_last_step)."""
+        return state is not None and t == 1 and self.causal and self.conv_q.causal and not self.training
+
+    def _window(self, prev: Optional[Tensor], m: Tensor) -> Tensor:
+        """The F multiplicative outputs a causal step's convolutions read: the F−1 kept (zeros at the start)
+        and this step's m (1, B, S, M)."""
+        f = self.conv_q.length_kernel
+        if f == 1:
+            return m
+        return torch.cat([prev if prev is not None else m.new_zeros(f - 1, *m.shape[1:]), m], dim=0)
+
     @staticmethod
     def _advance(state, name, m, f):
         """Keep the last F−1 multiplicative outputs (the causal conv state) after this step's m."""
@@ -141,7 +184,11 @@ class SparseQKVAttention(nn.Module):
             state = state if state is not None else {}
         if self.encoder_decoder_attention:
             m_q = self.mult(query)
-            q = self.conv_q(m_q, state.get("conv_q") if state is not None else None)
+            prev = state.get("conv_q") if state is not None else None
+            if self._one_step(t, state):
+                q = self.conv_q.last_step(self._window(prev, m_q))
+            else:
+                q = self.conv_q(m_q, prev)
             self._advance(state, "conv_q", m_q, self.conv_q.length_kernel)
             if state is not None and "enc_k" in state:
                 k, v, pad = state["enc_k"], state["enc_v"], state.get("enc_pad")
@@ -155,7 +202,11 @@ class SparseQKVAttention(nn.Module):
         else:
             m = self._zero_padding(self.mult(query), key_padding_mask)
             prev = state.get("conv") if (state is not None and self.causal) else None
-            q, k, v = self.conv_q(m, prev), self.conv_k(m, prev), self.conv_v(m, prev)
+            if self._one_step(t, state):
+                window = self._window(prev, m)
+                q, k, v = (c.last_step(window) for c in (self.conv_q, self.conv_k, self.conv_v))
+            else:
+                q, k, v = self.conv_q(m, prev), self.conv_k(m, prev), self.conv_v(m, prev)
             if self.causal:
                 self._advance(state, "conv", m, self.conv_q.length_kernel)
             k, v, pad = self._heads(k), self._heads(v), key_padding_mask
