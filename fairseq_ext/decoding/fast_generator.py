@@ -30,7 +30,7 @@ scaling, attention LayerNorm or adaptive softmax), CAN layers (--can-compress al
 incremental encoder-decoders (the CAN ablations, Terraformer) take the generic mode
 (`OwnStepEnsembleModel`: their own step, the kernel output projection, the two-stage top-k) with a
 one-line notice saying why (`unsupported_reason`); ensembles use fairseq's step. CAN 1.22x, SAS 1.37x
-and scaling_sparse 1.33x fairseq's generator (docs/decoding/README.md).
+and scaling_sparse 1.36x fairseq's generator (docs/decoding/README.md).
 """
 import logging
 import warnings
