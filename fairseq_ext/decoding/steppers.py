@@ -196,13 +196,12 @@ class TransformerStepper(Stepper):
     def layer_reason(cls, i, layer):
         if layer.encoder_attn is None:
             return f"decoder layer {i} has no cross-attention"
-        reason = next((r for att in (layer.self_attn, layer.encoder_attn)
-                       if type(att) is not SparseQKVAttention for r in [_attention_reason(att, i)] if r), None)
-        if reason:
-            return reason
-        if any(type(att) is SparseQKVAttention and not att.conv_q.causal
-               for att in (layer.self_attn, layer.encoder_attn)):
-            return f"decoder layer {i} sparse QKV attention is not causal"
+        for att in (layer.self_attn, layer.encoder_attn):
+            if type(att) is SparseQKVAttention:
+                if not att.conv_q.causal:
+                    return f"decoder layer {i} sparse QKV attention is not causal"
+            elif _attention_reason(att, i):
+                return _attention_reason(att, i)
         if (layer.cross_self_attention or layer.c_attn is not None or layer.attn_ln is not None
                 or layer.ffn_layernorm is not None or layer.w_resid is not None):
             return f"decoder layer {i} uses head scaling / attention or FFN LayerNorm / residual weights"
@@ -249,37 +248,28 @@ class TransformerStepper(Stepper):
 
         return {"k": per_head(att.conv_k(m)), "v": per_head(att.conv_v(m)), "pad": pad, "heads": heads}
 
-    def _causal_window(self, i: int, name: str, m: Tensor, length_kernel: int) -> Tensor:
-        """This step's multiplicative output m (B, modules, M) after the F-1 kept before it, (F, B, modules,
-        M) (zeros before the first step, as the module's own step); keeps the last F-1 for the next step."""
-        if length_kernel == 1:
-            return m.unsqueeze(0)
+    def _causal_window(self, i: int, name: str, att: SparseQKVAttention, x: Tensor) -> Tensor:
+        """The F multiplicative outputs this step's causal convolutions read, (F, B, modules, M): the F-1
+        kept (the module's own window rule) and this step's; keeps the last F-1 for the next step."""
         state = self.conv_state[i]
-        prev = state.get(name)
-        if prev is None:
-            prev = m.new_zeros(length_kernel - 1, *m.shape)
-        window = torch.cat([prev, m.unsqueeze(0)], dim=0)
-        state[name] = window[1:]
+        window = att._window(state.get(name), att.mult(x).unsqueeze(0))
+        if window.size(0) > 1:
+            state[name] = window[1:]
         return window
 
     def _sparse_self_attention(self, i: int, att: SparseQKVAttention, x: Tensor) -> Tensor:
         """Sparse QKV self-attention of one step (§3.2): Q, K, V of the last F multiplicative outputs as one
         convolution, this step's key/value written in place, no output dense layer."""
         bsz, heads, dh, mods = x.size(0), att.num_heads, att.head_dim, att.num_modules
-        window = self._causal_window(i, "self", att.mult(x), att.conv_q.length_kernel)
+        window = self._causal_window(i, "self", att, x)
         qkv = conv_last_step(window, *self.qkv_conv[i]).view(bsz, mods, 3, att.module_dim)
         q, k, v = (qkv[:, :, j].reshape(bsz, heads, dh) for j in range(3))  # (modules, M) order
-        kbuf, vbuf, n = write_to_cache(self.caches[i], k, v)
-        keys = kbuf[:, :, :n].reshape(bsz * heads, n, dh)
-        values = vbuf[:, :, :n].reshape(bsz * heads, n, dh)
-        q = (q * att.scaling).reshape(bsz * heads, 1, dh)
-        probs = utils.softmax(torch.bmm(q, keys.transpose(1, 2)), dim=-1).type_as(q)
-        return torch.bmm(probs, values).view(bsz, heads * dh)
+        return self._attend_cache(q * att.scaling, k, v, self.caches[i])
 
     def _sparse_cross_attention(self, i: int, att: SparseQKVAttention, x: Tensor) -> Tensor:
         """Sparse QKV cross-attention of one step: the query through the shared multiplicative layer and
         the causal Q convolution (its own state), over the per-sentence encoder keys/values."""
-        window = self._causal_window(i, "cross", att.mult(x), att.conv_q.length_kernel)
+        window = self._causal_window(i, "cross", att, x)
         q = conv_last_step(window, *self.cross_conv[i]).reshape(x.size(0), att.embed_dim)
         return self._attend_encoder(q * att.scaling, self.cross[i])
 
@@ -296,12 +286,20 @@ class TransformerStepper(Stepper):
             q, k, v = qkv[:, :d], qkv[:, d:2 * d], qkv[:, 2 * d:]
         else:
             q, k, v = self._module(att.q_proj, x), self._module(att.k_proj, x), self._module(att.v_proj, x)
-        q = (q * att.scaling).view(bsz * heads, 1, dh)  # fairseq scales q after the projection
-        kbuf, vbuf, n = write_to_cache(cache, k.view(bsz, heads, dh), v.view(bsz, heads, dh))
+        q = (q * att.scaling).view(bsz, heads, dh)  # fairseq scales q after the projection
+        return self._module(att.out_proj, self._attend_cache(q, k.view(bsz, heads, dh), v.view(bsz, heads, dh), cache))
+
+    @staticmethod
+    def _attend_cache(q: Tensor, k: Tensor, v: Tensor, cache: Dict[str, Tensor]) -> Tensor:
+        """This step's key/value (B, H, d_h) written into the cache, then the scaled queries q (B, H, d_h)
+        over all cached keys: (B, H·d_h)."""
+        bsz, heads, dh = q.shape
+        kbuf, vbuf, n = write_to_cache(cache, k, v)
         keys = kbuf[:, :, :n].reshape(bsz * heads, n, dh)  # views: (B, H) merge without a copy
         values = vbuf[:, :, :n].reshape(bsz * heads, n, dh)
-        probs = utils.softmax(torch.bmm(q, keys.transpose(1, 2)), dim=-1).type_as(q)  # fairseq's float32 softmax
-        return self._module(att.out_proj, torch.bmm(probs, values).view(bsz, d))
+        scores = torch.bmm(q.reshape(bsz * heads, 1, dh), keys.transpose(1, 2))
+        probs = utils.softmax(scores, dim=-1).type_as(q)  # fairseq's float32 softmax
+        return torch.bmm(probs, values).view(bsz, heads * dh)
 
     def _ffn(self, layer, h: Tensor) -> Tensor:
         if type(layer.fc1) is nn.Linear and type(layer.fc2) is nn.Linear:  # fairseq's fc2(act(fc1(h)))
