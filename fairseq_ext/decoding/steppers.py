@@ -218,10 +218,9 @@ class TransformerStepper(Stepper):
         # Q/K/V convolutions stacked into one
         self.conv_state: List[Dict[str, Tensor]] = []
         self.qkv_conv: List[Optional[Tuple[Tensor, Tensor, int]]] = []
-        self.cross_conv: List[Optional[Tuple[Tensor, Tensor, int]]] = []  # the cross-attention's Q conv
 
     def _start_layers(self, enc, pad):
-        self.cross, self.conv_state, self.qkv_conv, self.cross_conv = [], [], [], []
+        self.cross, self.conv_state, self.qkv_conv = [], [], []
         for layer in self.dec.layers:
             att = layer.encoder_attn
             self.cross.append(self._sparse_cross_cache(att, enc, pad) if type(att) is SparseQKVAttention
@@ -229,24 +228,12 @@ class TransformerStepper(Stepper):
             self.conv_state.append({})
             att = layer.self_attn
             self.qkv_conv.append(_sparse_convs(att) if type(att) is SparseQKVAttention else None)
-            att = layer.encoder_attn
-            conv = att.conv_q if type(att) is SparseQKVAttention else None
-            self.cross_conv.append((conv.patch_matrix(), conv.bias.detach(), conv.module_kernel)
-                                   if conv is not None else None)
 
     @staticmethod
     def _sparse_cross_cache(att: SparseQKVAttention, enc: Tensor, pad: Optional[Tensor]):
-        """Sparse QKV cross-attention keys/values of the encoder output, per sentence (§3.2: the shared
-        multiplicative layer, padded positions zeroed, the non-causal K and V convolutions over the source)."""
-        m = att.mult(enc)  # (S, kv_bsz, modules, M)
-        if pad is not None:
-            m = m.masked_fill(pad.t().reshape(m.size(0), m.size(1), 1, 1), 0.0)
-        s, kv_bsz, heads, dh = m.size(0), m.size(1), att.num_heads, att.head_dim
-
-        def per_head(t):  # (S, kv_bsz, modules, M) -> (kv_bsz * H, S, d_h)
-            return t.reshape(s, kv_bsz * heads, dh).transpose(0, 1)
-
-        return {"k": per_head(att.conv_k(m)), "v": per_head(att.conv_v(m)), "pad": pad, "heads": heads}
+        """Sparse QKV cross-attention keys/values of the encoder output, per sentence (the module's own)."""
+        k, v = att.encoder_kv(enc, pad)  # (kv_bsz, H, S, d_h)
+        return {"k": k.flatten(0, 1), "v": v.flatten(0, 1), "pad": pad, "heads": att.num_heads}
 
     def _causal_window(self, i: int, name: str, att: SparseQKVAttention, x: Tensor) -> Tensor:
         """The F multiplicative outputs this step's causal convolutions read, (F, B, modules, M): the F-1
@@ -270,7 +257,7 @@ class TransformerStepper(Stepper):
         """Sparse QKV cross-attention of one step: the query through the shared multiplicative layer and
         the causal Q convolution (its own state), over the per-sentence encoder keys/values."""
         window = self._causal_window(i, "cross", att, x)
-        q = conv_last_step(window, *self.cross_conv[i]).reshape(x.size(0), att.embed_dim)
+        q = att.conv_q.last_step(window).reshape(x.size(0), att.embed_dim)
         return self._attend_encoder(q * att.scaling, self.cross[i])
 
     def _reorder_layers(self, order):

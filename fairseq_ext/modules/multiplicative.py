@@ -148,6 +148,12 @@ class SparseQKVAttention(nn.Module):
             return m
         return m.masked_fill(padding_mask.t().reshape(m.size(0), m.size(1), 1, 1), 0.0)
 
+    def encoder_kv(self, key: Tensor, key_padding_mask: Optional[Tensor]):
+        """Cross-attention keys and values of the encoder output key (S, B, C): the shared multiplicative
+        layer, padded positions zeroed, the non-causal K and V convolutions; each (B, h, S, d/h)."""
+        m = self._zero_padding(self.mult(key), key_padding_mask)
+        return self._heads(self.conv_k(m)), self._heads(self.conv_v(m))
+
     def _one_step(self, t: int, state) -> bool:
         """An incremental decoding step of one token through causal convolutions (conv_last_step)."""
         return state is not None and t == 1 and self.causal and self.conv_q.causal and not self.training
@@ -193,8 +199,7 @@ class SparseQKVAttention(nn.Module):
             if state is not None and "enc_k" in state:
                 k, v, pad = state["enc_k"], state["enc_v"], state.get("enc_pad")
             else:
-                m_kv = self._zero_padding(self.mult(key), key_padding_mask)
-                k, v, pad = self._heads(self.conv_k(m_kv)), self._heads(self.conv_v(m_kv)), key_padding_mask
+                (k, v), pad = self.encoder_kv(key, key_padding_mask), key_padding_mask
                 if state is not None:
                     state.update(enc_k=k, enc_v=v)
                     if pad is not None:
