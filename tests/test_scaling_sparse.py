@@ -135,6 +135,25 @@ def test_multiplicative_layer_matches_its_formula_and_parameter_count():
     assert sum(p.numel() for p in layer.parameters()) == 20 * 4 + 20 * 5  # d·S + d·M (§3.2)
 
 
+def test_decoding_caches_follow_optimizer_updates():
+    """The eval-time W of the multiplicative layer and the conv's patch matrix are recomputed after a
+    training step although fairseq's optimizers write through .data (no version bump), also when a
+    train-mode forward without autograd (a reversible layer's) ran before the step."""
+    torch.manual_seed(6)
+    layer, conv = MultiplicativeDense(12, 3, 4).double(), ModuleConv(4, 3, 3).double().eval()
+    x, window = torch.randn(5, 12, dtype=torch.float64), torch.randn(3, 2, 3, 4, dtype=torch.float64)
+    for _ in range(2):
+        with torch.no_grad():
+            layer.eval(), layer(x), conv.eval(), conv.last_step(window)  # fills the caches
+            layer.train(), layer(x), conv.train()  # train mode, no autograd
+        for p in list(layer.parameters()) + list(conv.parameters()):
+            p.data.add_(torch.randn_like(p))  # what fairseq's Adam does
+        layer.eval(), conv.eval()
+        with torch.no_grad():
+            torch.testing.assert_close(layer(x), torch.einsum("bi,is,im->bsm", x, layer.D, layer.E))
+            torch.testing.assert_close(conv.last_step(window), conv(window)[-1:])
+
+
 def test_convolution_parameter_count_and_causality():
     conv = ModuleConv(16, 3, 3, causal=True)
     assert sum(p.numel() for p in conv.parameters()) == 9 * 16 * 16 + 16  # 9M² + M (§3.2)

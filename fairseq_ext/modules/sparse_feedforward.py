@@ -77,6 +77,12 @@ class SparseFFNInput(nn.Module):
         logits = F.linear(F.linear(x, self.controller1), self.controller2, self.controller_bias)
         return logits.view(x.size(0), self.num_blocks, self.block_size)
 
+    def _gumbel_max(self, log_p):
+        """A sample of softmax(log_p / T) per block: argmax(log_p + T·g), Gumbel noise g = −log(−log u)
+        (trax; uniform draws are 2x faster on CPU than Tensor.exponential_ for the inner −log u)."""
+        u = torch.rand_like(log_p).clamp_(1e-6, 1 - 1e-6)
+        return (log_p - self.temperature * torch.log(-torch.log(u))).argmax(-1)
+
     def choose(self, x):
         """Eval-mode choice per block: (n, d_ff/N) index in [0, N)."""
         return self.controller_logits(x).argmax(-1)
@@ -113,12 +119,13 @@ class SparseFFNInput(nn.Module):
         logits = self.controller_logits(x2)  # (n, blocks, N)
         if self.training:
             log_p = F.log_softmax(logits.float(), dim=-1)
-            u = torch.rand_like(log_p).clamp_(1e-6, 1 - 1e-6)
-            # Gumbel-max; inside a reversible layer the forward pass's choice is replayed (Terraformer §4.2)
-            choice = decision((log_p - self.temperature * torch.log(-torch.log(u))).argmax(-1))
             soft = log_p.exp()
+            # the coin first: the sample is needed only by the straight-through branch (as trax, whose soft
+            # branch ignores it); a reversible layer's recomputation replays the same random numbers
             if torch.rand(()) < self.quant_prob:  # straight-through one-hot (forward), softmax (backward)
-                mask = F.one_hot(choice, self.block_size).to(soft) + soft - soft.detach()
+                choice = decision(self._gumbel_max(log_p))
+                one_hot = torch.zeros_like(soft).scatter_(-1, choice.unsqueeze(-1), 1.0)
+                mask = one_hot + soft - soft.detach()
             else:
                 mask = soft
             h = F.relu(F.linear(x2, self.weight)) * mask.view(n, -1).to(x2.dtype)
