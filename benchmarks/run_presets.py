@@ -8,18 +8,25 @@ docs/benchmarks/<preset>.{json,md,png}. --quick: 2 rounds, short sequences, same
 """
 import argparse
 import os
+import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import decode_speed  # noqa: E402
 import train_speed  # noqa: E402
 
-# The recipes' small dims (examples/small_dims.sh: 4+2 layers, d 256, 4 heads, pre-norm) and the
-# Scaling Transformer recipe's models at those dims (examples/scaling_sparse/train.sh), 8k vocabulary
-SMALL = ("--encoder-layers 4 --decoder-layers 2 --encoder-embed-dim 256 --decoder-embed-dim 256 "
-         "--encoder-attention-heads 4 --decoder-attention-heads 4 --encoder-normalize-before "
-         "--decoder-normalize-before --share-all-embeddings")
-SMALL_FFN = "--encoder-ffn-embed-dim 1024 --decoder-ffn-embed-dim 1024"
+
+def _small_dims():
+    """SMALL_DIMS and SMALL_FFN of examples/small_dims.sh (the recipes' one definition of the small model:
+    4+2 layers, d 256, 4 heads, pre-norm), as flag strings."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples", "small_dims.sh")
+    out = subprocess.run(["bash", "-c", 'source "$0"; echo "${SMALL_DIMS[*]}"; echo "${SMALL_FFN[*]}"', path],
+                         check=True, capture_output=True, text=True).stdout.splitlines()
+    return out[0], out[1]
+
+
+# the Scaling Transformer recipe's models (examples/scaling_sparse/train.sh) at the small dims, 8k vocabulary
+SMALL, SMALL_FFN = _small_dims()
 DENSE_SMALL = f"dense=transformer@{SMALL} {SMALL_FFN}"
 SMALL_SPARSE = [f"sparse_ff=scaling_sparse_ff@{SMALL} {SMALL_FFN} --sparse-ffn-block-size 64",
                 f"sparse_ff_n128=scaling_sparse_ff@{SMALL} {SMALL_FFN} --sparse-ffn-block-size 128",
