@@ -79,6 +79,40 @@ def test_incremental_decoding_equals_full_forward(arch, tiny_data):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
+def test_decoding_follows_training_steps(arch, tiny_data):
+    """What a model keeps for decoding (fused or derived weights) follows fairseq's optimizer, which writes
+    parameters through .data (their version stays): decode (fills any cache), train a step, decode again;
+    the incremental steps and a no-grad full forward must equal a full forward with autograd on."""
+    cfg, task, model, criterion = build(tiny_data, arch)
+    sample = fixed_batch(task, n=4)
+    trainer = _trainer(cfg, task, model, criterion)
+    lm = is_lm(arch)
+    tokens = torch.randint(4, len(task.target_dictionary), (4, 6), generator=torch.Generator().manual_seed(1))
+    tokens[:, 0] = task.target_dictionary.eos()
+
+    def encode():
+        net = sample["net_input"]
+        return None if lm else model.encoder(net["src_tokens"], src_lengths=net["src_lengths"])
+
+    def decode():
+        model.eval()
+        with torch.no_grad():
+            enc, state = encode(), {}
+            steps = torch.stack([model.decoder(tokens[:, : t + 1], encoder_out=enc, incremental_state=state)[0][:, -1]
+                                 for t in range(tokens.size(1))], dim=1)
+            full_no_grad = model.decoder(tokens, encoder_out=enc)[0]
+        with torch.enable_grad():
+            full = model.decoder(tokens, encoder_out=encode())[0].detach()
+        for name, out in (("incremental", steps), ("no-grad full forward", full_no_grad)):
+            diff = (out - full).abs().max().item()
+            assert diff <= 1e-5, f"{name} differs from the autograd forward by {diff} (stale decoding cache?)"
+
+    decode()
+    trainer.train_step([sample])
+    decode()
+
+
+@pytest.mark.parametrize("arch", ARCHS)
 def test_save_resume_identical(arch, tiny_data, tmp_path):
     cfg, task, model, criterion = build(tiny_data, arch, save_dir=tmp_path)
     sample = fixed_batch(task, n=8)

@@ -74,9 +74,15 @@ class CompressedAttention(nn.Module):
         """(L, B, h*hd) -> (B, h, L, hd)"""
         return x.view(x.size(0), x.size(1), self.num_heads, head_dim).permute(1, 2, 0, 3)
 
+    def train(self, mode: bool = True):
+        # the fused decoding weights are rebuilt after any train()/eval() call: fairseq's optimizers write
+        # parameters through .data, which FusedLinearWeights' version check cannot see
+        self._fused = None
+        return super().train(mode)
+
     def _x_projections(self, x):
         """q, k_self, v_self and X·W1+b1 of x. In decoding (eval mode with a cache) they are one matmul
-        with the four weights concatenated (cached; rebuilt when a weight changes), as the paper notes
+        with the four weights concatenated (cached; rebuilt after train()/eval() or when a weight changes), as the paper notes
         X·W1 can be computed together with X·W_q (through ops.few_rows_linear's kernel at 3-16 rows)."""
         mods = [self.q_proj] + ([self.k_self, self.v_self] if self.self_attention else []) + \
                ([self.fc1] if self.ffn else [])

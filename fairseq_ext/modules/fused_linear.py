@@ -2,9 +2,10 @@
 
 `FusedLinearWeights(modules).get()` returns their weights concatenated along the output dimension and their
 biases likewise (zeros for a layer without bias: the same sums), built on first use and rebuilt when any
-parameter changes (storage, in-place version, dtype or device), so a model trained further or moved
-between calls never decodes with stale weights. Used by CAN's fused input projection (q, k, v, X·W1) and
-the fast decoding path's fused Q/K/V. The copy costs one more set of those weights in memory.
+parameter's storage, in-place version, dtype or device changes. Writes through .data (what
+fairseq's optimizers do) keep the version: an owner whose weights may be trained between uses drops it on
+train()/eval() (CAN's fused input projection, q, k, v and X·W1); the fast decoding path's fused Q/K/V
+lives in a generator built for decoding. The copy costs one more set of those weights in memory.
 """
 from typing import Sequence, Tuple
 
