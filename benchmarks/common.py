@@ -41,6 +41,15 @@ def split_spec(spec):
     return arch, flags.split()
 
 
+def split_label(spec):
+    """(table name, model) of a spec: 'NAME=MODEL' names a checkpoint path or an arch spec ('dense=
+    transformer@--encoder-layers 4'); any other spec is its own name."""
+    head, sep, rest = spec.partition("=")
+    if sep and head and "@" not in head and " " not in head:
+        return head, rest
+    return spec, spec
+
+
 def build_model(arch, vocab, seed=1, flags=()):
     """Random-weight model of a registered arch or a spec (split_spec), seeded, eval mode, on CPU, dropout
     off; returns (model, task-like object with the dictionaries)."""

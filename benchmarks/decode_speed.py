@@ -216,18 +216,9 @@ def plot(result, path):
     plt.close(fig)
 
 
-def split_label(spec):
-    """(table name, model) of a spec: 'NAME=MODEL' names a checkpoint path or an arch spec ('dense=
-    transformer@--encoder-layers 4'); any other spec is its own name."""
-    head, sep, rest = spec.partition("=")
-    if sep and head and "@" not in head and " " not in head:
-        return head, rest
-    return spec, spec
-
-
 def _same_model(base, models, vocab):
     """(model, task) of spec `base`: the one already parsed (shared), else built; None if unregistered."""
-    name = split_label(base)[0]
+    name = common.split_label(base)[0]
     return models.get(name) or parse_models([base], vocab).get(name)
 
 
@@ -240,7 +231,7 @@ def parse_models(specs, vocab):
     for spec in specs:
         suffix = ct2_suffix(spec) or next((s for s in (FAST, INT8) if spec.endswith(s)), "")
         base = spec[: len(spec) - len(suffix)]
-        name = split_label(base)[0] + suffix
+        name = common.split_label(base)[0] + suffix
         if suffix in ct2.SUFFIXES:  # the same model, converted to CTranslate2 when the run starts
             if not ct2.available():
                 print(f"skipping {spec}: ctranslate2 is not installed (pip install ctranslate2)", file=sys.stderr)
@@ -261,7 +252,7 @@ def parse_models(specs, vocab):
             found = parse_models([base], vocab)
             models.update({name: m for m in found.values()})
             continue
-        model = split_label(spec)[1]
+        model = common.split_label(spec)[1]
         if model.endswith(".pt") or os.path.isfile(model):
             models[name] = common.load_checkpoint_model(model)
             continue
@@ -296,7 +287,7 @@ def main(argv=None):
     batch_sizes = SWEEP if args.batch_sizes == "sweep" else [int(b) for b in args.batch_sizes.split(",")]
     threads = common.set_threads(args.threads)
     models = parse_models([args.baseline] + args.candidates, args.vocab)
-    baseline = split_label(args.baseline)[0]
+    baseline = common.split_label(args.baseline)[0]
     if baseline not in models:
         p.error(f"--baseline {args.baseline}: not a registered architecture or checkpoint")
     result = run(models, baseline, batch_sizes, args.beam, args.src_len, args.tgt_len, args.repeats,

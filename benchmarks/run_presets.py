@@ -86,6 +86,8 @@ PRESETS = {
     "train_sas_lm": (train_speed, "preln_lm", ["sas_lm", "sas_p_lm", "sas_p_nonorm_lm"],
                      ["--len", "128", "--tokens", "2048"]),
     "train_sas_block": (train_speed, "transformer", ["sas_block"], []),
+    # ... and the Scaling Transformer recipe's models (small dims, 8k vocabulary): training step speed vs dense
+    "train_scaling_sparse_small": (train_speed, DENSE_SMALL, SMALL_SPARSE, ["--vocab", "8000"]),
     # Terraformer (§4.2): peak training memory with and without reversible layers at a long length
     # (256 source + 256 target tokens: the decoder runs over 512 positions), and with LSH attention
     "train_terraformer_memory": (train_speed, "terraformer_base@--no-reversible",

@@ -1,6 +1,6 @@
 """Training throughput of registered archs: forward + backward + optimizer step on synthetic batches.
 
-    python benchmarks/train_speed.py --baseline transformer --candidates transformer_balanced "arch@--flag v" \\
+    python benchmarks/train_speed.py --baseline transformer --candidates transformer_balanced "arch@--flag v" "NAME=arch@..." \\
         [--tokens 4096] [--len 32] [--vocab 32000] [--threads N] [--repeats 5] [--quick]
 
 Each step trains on the same random batch of a fixed token count (--tokens target tokens, sentences of
@@ -54,7 +54,8 @@ def train_step_fn(model, task, sample, lr=1e-4, label_smoothing=0.1):
     return step
 
 
-def run(models, baseline, tokens, length, repeats, warmup, threads, seed=1):
+def run(models, baseline, tokens, length, repeats, warmup, threads, seed=1, specs=None):
+    """models: {name: (model, task)}; specs: {name: the spec it was built from} (default: the name)."""
     names = [baseline] + [n for n in models if n != baseline]
     result = {"kind": "train", "baseline": baseline,
               "settings": {"tokens": tokens, "len": length, "repeats": repeats, "warmup": warmup,
@@ -66,7 +67,8 @@ def run(models, baseline, tokens, length, repeats, warmup, threads, seed=1):
     for name in names:
         model, task = models[name]
         d = task.target_dictionary
-        sample = make_batch(tokens, length, len(d), d.eos(), d.pad(), seed, lm=is_language_model(common.split_spec(name)[0]))
+        arch = common.split_spec((specs or {}).get(name, name))[0]
+        sample = make_batch(tokens, length, len(d), d.eos(), d.pad(), seed, lm=is_language_model(arch))
         step = train_step_fn(model, task, sample)
 
         def fn(step=step, name=name):
@@ -119,15 +121,17 @@ def main(argv=None):
     if args.quick:
         args.repeats, args.tokens, args.len = 2, 256, 16
     threads = common.set_threads(args.threads)
-    models = {}
-    for arch in [args.baseline] + args.candidates:
+    models, specs = {}, {}  # by name: 'NAME=MODEL' names a spec in the table
+    for spec in [args.baseline] + args.candidates:
+        name, specs[name] = common.split_label(spec)
         try:
-            models[arch] = common.build_model(arch, args.vocab)
+            models[name] = common.build_model(specs[name], args.vocab)
         except KeyError:
-            print(f"skipping {arch}: not a registered architecture (yet)", file=sys.stderr)
-    if args.baseline not in models:
+            print(f"skipping {spec}: not a registered architecture (yet)", file=sys.stderr)
+    baseline = common.split_label(args.baseline)[0]
+    if baseline not in models:
         p.error(f"--baseline {args.baseline}: not a registered architecture")
-    result = run(models, args.baseline, args.tokens, args.len, args.repeats, args.warmup, threads)
+    result = run(models, baseline, args.tokens, args.len, args.repeats, args.warmup, threads, specs=specs)
     path = common.publish(args.name, result, table(result), args.out_dir)
     print(f"\nwrote {path} (+ .md)")
     return result
