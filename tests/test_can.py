@@ -80,3 +80,29 @@ def test_incremental_steps_equal_full_and_cache_grows_by_one():
             cached = m.get_incremental_state(state, "state")
             assert int(cached["self_len"][0]) == i + 1 and cached["enc_k"].size(2) == 5
             assert cached["self_kbuf"].size(2) == (16 if i < 16 else 32)
+
+
+def test_fused_decoding_projection_follows_weights_and_autograd():
+    """The one-token eval forward reads q, k, v and X·W1 as one concatenated matrix (kept between steps):
+    it follows a write through .data after train()/eval() (what fairseq's Adam does between decodes),
+    and with autograd on it is differentiable like the unfused layers (gradients reach every projection)."""
+    torch.manual_seed(3)
+    m = CompressedAttention(16, 2, 24).double()
+    x, h = torch.randn(1, 2, 16, dtype=torch.float64), torch.randn(4, 2, 16, dtype=torch.float64)
+    pad = torch.zeros(2, 4, dtype=torch.bool)
+    m.eval()
+    with torch.no_grad():
+        m(x, h, pad)  # fills the fused matrix
+    m.train()
+    for p in m.parameters():
+        p.data.add_(torch.randn_like(p))
+    m.eval()
+    y = m(x, h, pad)  # autograd on: the plain layers' products, no detached copy
+    ref = _reference(m, x, h, pad)
+    assert (y - ref).abs().max().item() < 1e-5 * ref.abs().max().item()  # (fairseq's softmax runs in fp32)
+    with torch.no_grad():
+        torch.testing.assert_close(m(x, h, pad), y.detach())
+    y.sum().backward()
+    for name in ("q_proj", "k_self", "v_self", "fc1"):
+        grad = getattr(m, name).weight.grad
+        assert grad is not None and grad.abs().sum() > 0, f"no gradient reached {name}"

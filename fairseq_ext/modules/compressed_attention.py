@@ -26,7 +26,8 @@ from torch import Tensor, nn
 
 from ..ops.compressed_attention import compressed_attention_decode
 from ..ops.few_rows_linear import few_rows_linear
-from .fused_linear import FusedLinearWeights
+from .eval_cache import EvalCached
+from .fused_linear import concat_linear
 from .kv_cache import append_to_cache, write_to_cache
 
 
@@ -39,7 +40,7 @@ def _linear(in_dim, out_dim, bias=True):
 
 
 @with_incremental_state
-class CompressedAttention(nn.Module):
+class CompressedAttention(EvalCached):
     def __init__(self, embed_dim, num_heads, value_dim, self_attention=True, encoder_attention=True, ffn=True,
                  encoder_dim=None, attention_dropout=0.0, activation_dropout=0.0, activation_fn="relu"):
         super().__init__()
@@ -74,23 +75,18 @@ class CompressedAttention(nn.Module):
         """(L, B, h*hd) -> (B, h, L, hd)"""
         return x.view(x.size(0), x.size(1), self.num_heads, head_dim).permute(1, 2, 0, 3)
 
-    def train(self, mode: bool = True):
-        # the fused decoding weights are rebuilt after any train()/eval() call: fairseq's optimizers write
-        # parameters through .data, which FusedLinearWeights' version check cannot see
-        self._fused = None
-        return super().train(mode)
-
     def _x_projections(self, x):
-        """q, k_self, v_self and X·W1+b1 of x. In decoding (eval mode with a cache) they are one matmul
-        with the four weights concatenated (cached; rebuilt after train()/eval() or when a weight changes), as the paper notes
-        X·W1 can be computed together with X·W_q (through ops.few_rows_linear's kernel at 3-16 rows)."""
+        """q, k_self, v_self and X·W1+b1 of x. In decoding (one step, eval mode) they are one matmul with
+        the four weights concatenated (kept through EvalCached: rebuilt after train()/eval() or when a
+        weight changes), as the paper notes X·W1 can be computed together with X·W_q (through
+        ops.few_rows_linear's kernel at 3-16 rows)."""
         mods = [self.q_proj] + ([self.k_self, self.v_self] if self.self_attention else []) + \
                ([self.fc1] if self.ffn else [])
         if self.training or x.size(0) != 1 or any(type(m) is not nn.Linear for m in mods):  # (int8: one by one)
             return [mod(x) for mod in mods]
-        if getattr(self, "_fused", None) is None:
-            self._fused = FusedLinearWeights(mods)
-        return few_rows_linear(x, *self._fused.get()).split(self._fused.sizes, dim=-1)
+        params = [p for m in mods for p in (m.weight, m.bias) if p is not None]
+        weight, bias = self._cached("x_projections", params, lambda: concat_linear(mods))
+        return few_rows_linear(x, weight, bias).split([m.out_features for m in mods], dim=-1)
 
     def forward(self, x, encoder_out: Optional[Tensor] = None, encoder_padding_mask: Optional[Tensor] = None,
                 self_attn_mask: Optional[Tensor] = None, self_padding_mask: Optional[Tensor] = None,

@@ -28,31 +28,11 @@ from fairseq.incremental_decoding_utils import with_incremental_state
 from fairseq.modules.fairseq_dropout import FairseqDropout
 from torch import Tensor, nn
 
+from .eval_cache import EvalCached
 from .kv_cache import append_to_cache, attention_softmax, mask_scores
 
 
-class _EvalCached(nn.Module):
-    """Matrices derived from parameters (decoding reads them every step): computed once for eval-mode
-    forwards without autograd, fresh otherwise. Dropped on every train()/eval() call and when a
-    parameter's storage, version or dtype changes: fairseq's optimizers write parameters through .data,
-    which keeps their version, but fairseq switches modes around every training step, validation and
-    generation (a train-mode forward without autograd, as a reversible layer's, never reads the cache)."""
-
-    def train(self, mode: bool = True):
-        self._cache = {}
-        return super().train(mode)
-
-    def _cached(self, name, params, compute):
-        if self.training or (torch.is_grad_enabled() and any(p.requires_grad for p in params)):
-            return compute()
-        key = tuple((p.data_ptr(), p._version, p.dtype) for p in params)
-        cache = self.__dict__.setdefault("_cache", {})
-        if name not in cache or cache[name][0] != key:
-            cache[name] = (key, compute())
-        return cache[name][1]
-
-
-class MultiplicativeDense(_EvalCached):
+class MultiplicativeDense(EvalCached):
     """y[s, m] = Σ_i x_i D[i, s] E[i, m] (§3.2). (…, d) -> (…, S, M). d·S + d·M parameters; the
     layer can represent any permutation of its input (Theorem 1)."""
 
@@ -70,7 +50,7 @@ class MultiplicativeDense(_EvalCached):
     def weight(self) -> Tensor:
         """W[i, s·M + m] = D[i, s] E[i, m], (d, S·M): the layer as one matrix, so the forward is one
         product with no (…, S, d) intermediate (a training step of the recipe's small FF+QKV model is
-        1.07x faster than scaling x per module first). Computed once for decoding (_EvalCached)."""
+        1.07x faster than scaling x per module first). Computed once for decoding (EvalCached)."""
         return self._cached("W", (self.D, self.E), lambda: (self.D.unsqueeze(2) * self.E.unsqueeze(1)).flatten(1))
 
     def forward(self, x):
@@ -98,7 +78,7 @@ def conv_last_step(window: Tensor, matrix: Tensor, bias: Tensor, module_kernel: 
     return out.view(b, mods, -1)
 
 
-class ModuleConv(_EvalCached):
+class ModuleConv(EvalCached):
     """Convolution over (length, modules) of a (T, B, S, M) tensor, M -> M channels (§3.2)."""
 
     def __init__(self, module_dim, length_kernel=3, module_kernel=3, causal=True):
@@ -116,7 +96,7 @@ class ModuleConv(_EvalCached):
         return f"kernel={self.length_kernel}x{self.module_kernel}, causal={self.causal}"
 
     def patch_matrix(self) -> Tensor:
-        """conv_patch_matrix of the weight, computed once for decoding (_EvalCached)."""
+        """conv_patch_matrix of the weight, computed once for decoding (EvalCached)."""
         return self._cached("patch", (self.weight,), lambda: conv_patch_matrix(self.weight))
 
     def last_step(self, window: Tensor) -> Tensor:
