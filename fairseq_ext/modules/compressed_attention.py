@@ -27,7 +27,7 @@ from torch import Tensor, nn
 from ..ops.compressed_attention import compressed_attention_decode
 from ..ops.few_rows_linear import few_rows_linear
 from .eval_cache import EvalCached
-from .fused_linear import concat_linear
+from .fused_linear import concat_linear, linear_parameters
 from .kv_cache import append_to_cache, write_to_cache
 
 
@@ -84,8 +84,7 @@ class CompressedAttention(EvalCached):
                ([self.fc1] if self.ffn else [])
         if self.training or x.size(0) != 1 or any(type(m) is not nn.Linear for m in mods):  # (int8: one by one)
             return [mod(x) for mod in mods]
-        params = [p for m in mods for p in (m.weight, m.bias) if p is not None]
-        weight, bias = self._cached("x_projections", params, lambda: concat_linear(mods))
+        weight, bias = self._cached("x_projections", linear_parameters(mods), lambda: concat_linear(mods))
         return few_rows_linear(x, weight, bias).split([m.out_features for m in mods], dim=-1)
 
     def forward(self, x, encoder_out: Optional[Tensor] = None, encoder_padding_mask: Optional[Tensor] = None,

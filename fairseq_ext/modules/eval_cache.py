@@ -14,6 +14,12 @@ import torch
 from torch import nn
 
 
+def parameter_key(params):
+    """What a matrix derived from `params` is checked against: storage, in-place version, dtype and device
+    of each (a write through .data changes none of them, hence the drop on train()/eval())."""
+    return tuple((p.data_ptr(), p._version, p.dtype, p.device) for p in params)
+
+
 class EvalCached(nn.Module):
     def train(self, mode: bool = True):
         self.__dict__["_eval_cache"] = {}
@@ -22,7 +28,7 @@ class EvalCached(nn.Module):
     def _cached(self, name, params, compute):
         if self.training or (torch.is_grad_enabled() and any(p.requires_grad for p in params)):
             return compute()
-        key = tuple((p.data_ptr(), p._version, p.dtype, p.device) for p in params)
+        key = parameter_key(params)
         cache = self.__dict__.setdefault("_eval_cache", {})
         if name not in cache or cache[name][0] != key:
             cache[name] = (key, compute())

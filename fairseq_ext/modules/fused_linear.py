@@ -13,6 +13,12 @@ from typing import Sequence, Tuple
 import torch
 from torch import Tensor, nn
 
+from .eval_cache import parameter_key
+
+
+def linear_parameters(modules: Sequence[nn.Linear]):
+    return [p for m in modules for p in (m.weight, m.bias) if p is not None]
+
 
 def concat_linear(modules: Sequence[nn.Linear]) -> Tuple[Tensor, Tensor]:
     weight = torch.cat([m.weight for m in modules])
@@ -27,8 +33,7 @@ class FusedLinearWeights:
         self._key, self._fused = None, None
 
     def get(self) -> Tuple[Tensor, Tensor]:
-        params = [p for m in self.modules for p in (m.weight, m.bias) if p is not None]
-        key = tuple((p.data_ptr(), p._version, p.dtype, p.device) for p in params)
+        key = parameter_key(linear_parameters(self.modules))
         if key != self._key:
             with torch.no_grad():
                 self._fused = concat_linear(self.modules)
