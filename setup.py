@@ -30,7 +30,9 @@ def extensions():
     cuda_sources = rel(glob.glob(os.path.join(here, "csrc", "cuda", "*.cu")) + glob.glob(os.path.join(here, "csrc", "cuda", "*.cpp")))
     # -O3 only: no -march=native, so a wheel built here runs on any x86-64 / aarch64 machine.
     # Vectorised kernels choose their ISA at run time (see csrc/README.md).
-    cxx = ["-O3", "-std=c++17", "-fopenmp"]
+    # -fno-math-errno -fno-trapping-math as torch's own build: lets GCC vectorise floor/min/max in the
+    # elementwise kernels (csrc/cpu/vec.h); neither flag reorders floating-point arithmetic.
+    cxx = ["-O3", "-std=c++17", "-fopenmp", "-fno-math-errno", "-fno-trapping-math"]
     define = [("FAIRSEQ_EXT_WITH_CUDA", "1")] if (torch.version.cuda and cuda_sources) else []
     kwargs = dict(
         name="fairseq_ext._C",

@@ -14,5 +14,8 @@ if _os.environ.get("FAIRSEQ_EXT_OPS_ONLY") != "1":
     from . import compat  # noqa: F401  (must come first: checkpoint loading, registry guard)
     from . import models  # noqa: F401  (registers every architecture)
     from . import optim  # noqa: F401  (registers the optimizers: adam_no_decay_gains)
+    from . import precision as _precision
+
+    _precision.install()  # --bf16 on a CPU training run: autocast with fp32 weights
 
 __version__ = "0.1.0"

@@ -330,3 +330,134 @@ def test_generation_with_kernels_equals_reference(arch, tiny_data, monkeypatch):
         with torch.no_grad():
             outs.append([[h["tokens"].tolist() for h in hyps] for hyps in gen.generate([model], sample)])
     assert outs[0] == outs[1]
+
+
+# ---- training kernels: label_smoothed_ce (fused criterion) and hashed_dropout (--bf16 on CPU) ----
+
+CE_SHAPES = [(1, 2), (5, 7), (37, 33), (16, 1003), (9, 8008)]
+CE_TOL = {torch.float32: 2e-6, torch.bfloat16: 8e-3, torch.float16: 1e-3}  # gradient, relative to max |grad|
+
+
+def _ce_case(n, v, dtype, seed=0, pad=1):
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.randn(n, v, generator=g) * 4).to(dtype)
+    t = torch.randint(0, v, (n,), generator=g)
+    t[::3] = pad  # ignored rows
+    if n > 1:
+        t[1] = 0 if pad != 0 else 1
+    return x, t
+
+
+@pytest.mark.parametrize("n,v", CE_SHAPES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("kernels", [True, False])
+def test_label_smoothed_ce_equals_fairseq_criterion(n, v, dtype, kernels, monkeypatch):
+    """Value and gradient of fairseq's label_smoothed_nll_loss(log_softmax(x)) computed in float64 on the same
+    (rounded) logits; the compiled op and the PyTorch chunked path (kernels off) alike."""
+    from fairseq_ext.ops import cross_entropy as ce
+
+    if not kernels:
+        monkeypatch.setenv("FAIRSEQ_EXT_NO_KERNELS", "1")
+        monkeypatch.setattr(ce, "CHUNK_ROWS", 4)  # several chunks even at these sizes
+    x, t = _ce_case(n, v, dtype)
+    pad = 1
+    xr = x.detach().double().requires_grad_()
+    loss_r, nll_r = ce.label_smoothed_ce_reference(xr, t, 0.1, pad)
+    loss_r.backward()
+    xk = x.detach().requires_grad_()
+    loss, nll = ce.label_smoothed_ce(xk, t, 0.1, pad)
+    (loss * 0.5).backward()
+    assert loss.dtype == torch.float32 and not nll.requires_grad
+    torch.testing.assert_close(loss.double(), loss_r, rtol=2e-6, atol=1e-5)
+    torch.testing.assert_close(nll.double(), nll_r, rtol=2e-6, atol=1e-5)
+    assert xk.grad.dtype == dtype
+    scale = xr.grad.abs().max().item() or 1.0
+    err = (xk.grad.double() - 0.5 * xr.grad).abs().max().item() / scale
+    assert err <= CE_TOL[dtype], f"gradient differs by {err} of its maximum"
+    assert torch.all(xk.grad[t == pad] == 0)
+
+
+def test_label_smoothed_ce_ignored_rows_are_not_read_and_deterministic():
+    x, t = _ce_case(37, 1003, torch.bfloat16)
+    x[t == 1] = float("nan")  # rows whose target is ignored: never read
+    xk = x.clone().requires_grad_()
+    loss, nll = torch.ops.fairseq_ext.label_smoothed_ce_fwd(x, t, 0.1, 1), None
+    assert torch.isfinite(loss).all()
+    from fairseq_ext.ops.cross_entropy import label_smoothed_ce
+
+    out, _ = label_smoothed_ce(xk, t, 0.1, 1)
+    out.backward()
+    assert torch.isfinite(out) and torch.isfinite(xk.grad).all()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the same sums in the same order whatever the thread count
+    try:
+        assert torch.equal(torch.ops.fairseq_ext.label_smoothed_ce_fwd(x, t, 0.1, 1), loss)
+        lse = loss[:, 2].contiguous()
+        g1 = torch.ops.fairseq_ext.label_smoothed_ce_bwd(x, t, lse, torch.ones(37), 0.1, 1)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(torch.ops.fairseq_ext.label_smoothed_ce_bwd(x, t, lse, torch.ones(37), 0.1, 1), g1)
+
+
+def test_label_smoothed_ce_clear_errors():
+    x = torch.randn(4, 10)
+    with pytest.raises(RuntimeError, match="outside"):
+        torch.ops.fairseq_ext.label_smoothed_ce_fwd(x, torch.tensor([0, 1, 10, 2]), 0.1, 1)
+    with pytest.raises(RuntimeError, match="target must be"):
+        torch.ops.fairseq_ext.label_smoothed_ce_fwd(x, torch.tensor([0, 1]), 0.1, 1)
+    with pytest.raises(RuntimeError, match="float32, bfloat16 or float16"):
+        torch.ops.fairseq_ext.label_smoothed_ce_fwd(x.double(), torch.tensor([0, 1, 2, 3]), 0.1, 1)
+    with pytest.raises(RuntimeError, match="lse and row_scale"):
+        torch.ops.fairseq_ext.label_smoothed_ce_bwd(x, torch.tensor([0, 1, 2, 3]), torch.zeros(3), torch.ones(4), 0.1, 1)
+
+
+def test_label_smoothed_ce_opcheck():
+    x, t = _ce_case(5, 7, torch.float32)
+    torch.library.opcheck(torch.ops.fairseq_ext.label_smoothed_ce_fwd.default, (x, t, 0.1, 1))
+    torch.library.opcheck(torch.ops.fairseq_ext.label_smoothed_ce_bwd.default,
+                          (x, t, torch.randn(5), torch.rand(5), 0.1, 1))
+
+
+@pytest.mark.parametrize("shape", [(1,), (7,), (33, 5), (3, 17, 40), (1000, 37)])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("p", [0.1, 0.3, 0.999])
+def test_hashed_dropout_equals_reference(shape, dtype, p):
+    from fairseq_ext.ops.dropout import hashed_dropout_reference
+
+    x = torch.randn(*shape).to(dtype)
+    seed = 0x1234_5678_9ABC_DEF
+    out = torch.ops.fairseq_ext.hashed_dropout(x, p, seed)
+    assert torch.equal(out, hashed_dropout_reference(x, p, seed))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        assert torch.equal(out, torch.ops.fairseq_ext.hashed_dropout(x, p, seed))
+    finally:
+        torch.set_num_threads(threads)
+    t = x[:, 1::2] if x.dim() > 1 and x.size(1) > 1 else x  # non-contiguous input: made contiguous first
+    assert torch.equal(torch.ops.fairseq_ext.hashed_dropout(t, p, seed), hashed_dropout_reference(t.contiguous(), p, seed))
+
+
+def test_hashed_dropout_statistics_gradient_and_seeding():
+    from fairseq_ext.ops.dropout import hashed_dropout
+
+    x = torch.ones(200_000, requires_grad=True)
+    torch.manual_seed(3)
+    y = hashed_dropout(x, 0.1)
+    kept = (y != 0).double().mean().item()
+    assert abs(kept - 0.9) < 0.003, kept  # 4.7 standard deviations
+    torch.testing.assert_close(y[y != 0], torch.full_like(y[y != 0], 1 / 0.9))
+    y.backward(torch.arange(200_000, dtype=torch.float32))
+    torch.testing.assert_close(x.grad, torch.where(y != 0, torch.arange(200_000) / 0.9, 0.0))  # the same mask
+    torch.manual_seed(3)
+    assert torch.equal(hashed_dropout(x, 0.1), y)  # reproducible from torch's seed
+    assert not torch.equal(hashed_dropout(x, 0.1), y)  # a new mask each call
+    # neighbouring elements are independent (no stripes): keep pairs occur as often as p^2 predicts
+    k = (y != 0).double()
+    assert abs((k[1:] * k[:-1]).mean().item() - 0.81) < 0.004
+
+
+def test_hashed_dropout_clear_errors_and_opcheck():
+    with pytest.raises(RuntimeError, match=r"p must be in \[0, 1\)"):
+        torch.ops.fairseq_ext.hashed_dropout(torch.randn(4), 1.0, 1)
+    torch.library.opcheck(torch.ops.fairseq_ext.hashed_dropout.default, (torch.randn(5, 7), 0.2, 77))

@@ -32,3 +32,58 @@ FAIRSEQ_EXT_CLONES void axpy(T alpha, const T* x, T* y, int64_t n) {
 
 }  // namespace
 }  // namespace fairseq_ext
+
+// ---- elementwise helpers of the training kernels (cross_entropy.cpp, dropout.cpp) ----
+#include <cstring>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
+namespace fairseq_ext {
+namespace {
+
+// float <-> storage type, written so the compiler vectorises loops over them (bf16: a shift; float32: a
+// copy; fp16: c10's scalar conversion, correct but not vectorised)
+inline float load_f(const float* p) { return *p; }
+inline float load_f(const double* p) { return static_cast<float>(*p); }
+inline float load_f(const c10::Half* p) { return static_cast<float>(*p); }
+inline float load_f(const c10::BFloat16* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  const uint32_t u = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+inline void store_f(float* p, float v) { *p = v; }
+inline void store_f(double* p, float v) { *p = v; }
+inline void store_f(c10::Half* p, float v) { *p = c10::Half(v); }
+inline void store_f(c10::BFloat16* p, float v) {  // round to nearest even, as c10::BFloat16(float)
+  uint32_t u;
+  std::memcpy(&u, &v, 4);
+  u += 0x7FFFu + ((u >> 16) & 1u);
+  const uint16_t h = static_cast<uint16_t>(u >> 16);
+  std::memcpy(p, &h, 2);
+}
+
+// exp(x) for float32 in plain arithmetic the compiler vectorises (no libm call): x = n·ln2 + r with
+// |r| <= ln2/2 (ln2 split in two constants), exp(r) by Cephes' degree-6 polynomial, 2^n from the
+// exponent bits. Relative error <= 2 ulp on [-87.3, 88.7]; below that it returns ~1e-38, not 0.
+inline float exp_f(float x) {
+  x = x < -87.3f ? -87.3f : (x > 88.7f ? 88.7f : x);
+  const float n = __builtin_floorf(x * 1.44269504088896341f + 0.5f);
+  const float r = (x - n * 0.693359375f) + n * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, 4);
+  return p * scale;
+}
+
+}  // namespace
+}  // namespace fairseq_ext
