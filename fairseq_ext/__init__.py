@@ -14,8 +14,10 @@ if _os.environ.get("FAIRSEQ_EXT_OPS_ONLY") != "1":
     from . import compat  # noqa: F401  (must come first: checkpoint loading, registry guard)
     from . import models  # noqa: F401  (registers every architecture)
     from . import optim  # noqa: F401  (registers the optimizers: adam_no_decay_gains)
+    from . import checkpointing as _checkpointing
     from . import precision as _precision
 
+    _checkpointing.install()  # atomic checkpoints, exact resume, finished runs stay finished
     _precision.install()  # --bf16 on a CPU training run: autocast with fp32 weights
 
 __version__ = "0.1.0"
