@@ -4,15 +4,24 @@
 # Defaults (CAN / One Wide FFN papers): Adam (0.9, 0.98), inverse_sqrt with --warmup-updates 500 and
 # --lr 1e-3 (later flags win: pass your own), label smoothing 0.1, dropout 0.1, 4,096 tokens per batch,
 # the last 5 epoch checkpoints kept, a log line every LOG_INTERVAL (env, default 50) updates.
-# --cpu unless torch sees a GPU.
+# --cpu unless torch sees a GPU. Precision by measurement (python -m fairseq_ext.tools.precision): --fp16 on a
+# GPU, --bf16 (autocast, fp32 weights) on a CPU with native bf16 that runs it faster, else fp32;
+# PRECISION=fp32|bf16|fp16 (env) overrides the choice.
 set -euo pipefail
 data=$1; save=$2; shift 2
 repo=$(cd "$(dirname "$0")/.." && pwd)
 mkdir -p "$save"
 device=(--cpu)
 python -c 'import torch,sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null && device=()
+case "${PRECISION:-auto}" in
+  auto) read -r -a precision <<< "$(python -m fairseq_ext.tools.precision)" ;;
+  fp32) precision=() ;;
+  bf16) precision=(--bf16) ;;
+  fp16) precision=(--fp16) ;;
+  *) echo "PRECISION=${PRECISION}: use auto, fp32, bf16 or fp16" >&2; exit 2 ;;
+esac
 set -x
-fairseq-train "$data" --user-dir "$repo/fairseq_ext" "${device[@]}" \
+fairseq-train "$data" --user-dir "$repo/fairseq_ext" "${device[@]}" "${precision[@]}" \
   --task translation --source-lang en --target-lang de --dropout 0.1 \
   --optimizer adam --adam-betas '(0.9, 0.98)' --clip-norm 0.0 \
   --lr 1e-3 --lr-scheduler inverse_sqrt --warmup-updates 500 --warmup-init-lr 1e-07 \

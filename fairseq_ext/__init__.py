@@ -8,7 +8,12 @@ FAIRSEQ_EXT_OPS_ONLY=1 imports the package without fairseq (nothing is registere
 fairseq_ext.ops and the tools that need only torch, e.g. the CUDA kernel tests on a GPU machine whose
 Python has no fairseq (scripts/gpu_check.sh).
 """
+import logging as _logging
 import os as _os
+
+# fairseq's text_to_speech task logs "Please install tensorboardX" at INFO when it is imported (any fairseq
+# import loads it); the package prints nothing on import, and tensorboardX is optional (--tensorboard-logdir)
+_logging.getLogger("fairseq.tasks.text_to_speech").setLevel(_logging.WARNING)
 
 if _os.environ.get("FAIRSEQ_EXT_OPS_ONLY") != "1":
     from . import compat  # noqa: F401  (must come first: checkpoint loading, registry guard)

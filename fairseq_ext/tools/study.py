@@ -1,0 +1,398 @@
+"""The reproduction study: every method against the baseline, trained to convergence, several seeds.
+
+    python -m fairseq_ext.tools.study run OUT [--protocol paper|tiny] [--corpus DIR] [--max-runs N]
+    python -m fairseq_ext.tools.study table [--results docs/results] [--check]
+
+`run` carries out the protocol of docs/results/README.md in OUT, resumable at any point: a finished run
+is skipped, an interrupted one resumes from its checkpoint_last.pt (exact: fairseq_ext/checkpointing.py),
+so the study can be carried across sittings and machines. Each run trains one epoch per fairseq-train call
+(examples/train.sh) until its convergence rule holds, then averages its last epoch checkpoints, measures
+the averaged model's valid loss (fairseq-validate) and translates the test set (examples/evaluate.sh,
+beam 5, sacrebleu). Its result, one JSON file, goes to OUT/results/NAME.json and, for the paper protocol,
+to docs/results/runs/NAME.json (what `table` reads and what is committed).
+
+`table` writes the tables, curves and verdicts of docs/results from the run files; `--check` fails when
+the committed docs differ from what it would write.
+"""
+import argparse
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+RESULTS = os.path.join(REPO, "docs", "results")
+
+
+@dataclass
+class Protocol:
+    name: str
+    corpus: str  # {train,valid,test}.{en,de}.gz
+    vocab: int  # joint SentencePiece entries
+    dims: list  # model flags every configuration shares
+    ffn: int  # the baseline's FFN width
+    lrs: list  # the learning-rate sweep (peak of inverse_sqrt), as strings
+    warmup: int
+    max_tokens: int
+    seeds: int  # seeds of the baseline and of each main configuration
+    min_epochs: int
+    max_epochs: int
+    patience: int  # validations without improvement that stop a run
+    tail: float  # converged: the last `tail` of the updates improved the best valid loss by < improve
+    improve: float
+    average: int  # epoch checkpoints averaged for evaluation
+    dropout: float = 0.1
+    eval_flags: list = field(default_factory=list)
+
+
+PROTOCOLS = {
+    "paper": Protocol(
+        name="paper", corpus=os.path.join(REPO, "data", "en-de"), vocab=8000,
+        dims=["--encoder-layers", "4", "--decoder-layers", "2", "--encoder-embed-dim", "128",
+              "--decoder-embed-dim", "128", "--encoder-attention-heads", "4", "--decoder-attention-heads", "4",
+              "--encoder-normalize-before", "--decoder-normalize-before", "--share-all-embeddings"],
+        ffn=512, lrs=["1e-3", "2e-3", "4e-3"], warmup=1000, max_tokens=4096, seeds=3, min_epochs=4,
+        max_epochs=20, patience=3, tail=0.2, improve=0.01, average=5),
+    "tiny": Protocol(  # the end-to-end test of this tool: tiny dims, a corpus given by --corpus
+        name="tiny", corpus="", vocab=1000,
+        dims=["--encoder-layers", "2", "--decoder-layers", "1", "--encoder-embed-dim", "32",
+              "--decoder-embed-dim", "32", "--encoder-attention-heads", "2", "--decoder-attention-heads", "2",
+              "--encoder-normalize-before", "--decoder-normalize-before", "--share-all-embeddings"],
+        ffn=64, lrs=["3e-3", "6e-3"], warmup=20, max_tokens=2000, seeds=2, min_epochs=2,
+        max_epochs=2, patience=3, tail=0.5, improve=0.01, average=2,
+        eval_flags=["--max-len-a", "1", "--max-len-b", "5"]),
+}
+
+
+@dataclass
+class Config:
+    name: str
+    paper: str  # baseline | one_wide_ffn | can | scaling_sparse | sas
+    role: str  # baseline | main | ablation
+    what: str
+    flags: list  # model flags beyond the protocol's dims (FFN widths included)
+
+
+def configs(p):
+    """The study's configurations at protocol p's dims (docs/results/README.md: why each one)."""
+    ffn = lambda w: ["--encoder-ffn-embed-dim", str(w), "--decoder-ffn-embed-dim", str(w)]
+    f = p.ffn
+    layers = int(p.dims[p.dims.index("--encoder-layers") + 1]) + int(p.dims[p.dims.index("--decoder-layers") + 1])
+    owf = ["--arch", "one_wide_ffn", *ffn(f), "--encoder-ffn-sharing", "shared", "--decoder-ffn-sharing", "none"]
+    qkv_ffn = {512: 704, 64: 128}.get(f, f)  # d_ff that brings sparse FFN + QKV to the baseline's parameters
+    return [
+        Config("baseline", "baseline", "baseline", "Transformer, pre-norm", ["--arch", "transformer", *ffn(f)]),
+        Config("one_wide_ffn", "one_wide_ffn", "main",
+               f"SharedEncNoDec widened to d_ff' = {layers} x {f}", owf + ["--encoder-shared-ffn-dim", str(layers * f)]),
+        Config("shared_enc_no_dec", "one_wide_ffn", "ablation", f"SharedEncNoDec at d_ff' = {f}",
+               owf + ["--encoder-shared-ffn-dim", str(f)]),
+        Config("can", "can", "main", f"CAN decoder (self + cross attention + FFN in one sub-layer), d_v {f}",
+               ["--arch", "can_decoder", *ffn(f), "--can-value-dim", str(f)]),
+        Config("can_attention", "can", "ablation", "CAN, attention compressed only",
+               ["--arch", "can_decoder", *ffn(f), "--can-value-dim", str(f), "--can-compress", "attention"]),
+        Config("can_ffn", "can", "ablation", "CAN, FFN compressed only",
+               ["--arch", "can_decoder", *ffn(f), "--can-value-dim", str(f), "--can-compress", "ffn"]),
+        Config("sparse_ffn", "scaling_sparse", "main", "top-1-of-64 sparse FFN",
+               ["--arch", "scaling_sparse_ff", *ffn(f), "--sparse-ffn-block-size", str(min(64, f))]),
+        Config("sparse_ffn_qkv", "scaling_sparse", "main", f"sparse FFN (N = 64, d_ff {qkv_ffn}) + sparse QKV (S = 4)",
+               ["--arch", "scaling_sparse", *ffn(qkv_ffn), "--sparse-ffn-block-size", str(min(64, qkv_ffn)),
+                "--sparse-qkv-modules", "4"]),
+        Config("sparse_ffn_128", "scaling_sparse", "ablation", "top-1-of-128 sparse FFN",
+               ["--arch", "scaling_sparse_ff", *ffn(f), "--sparse-ffn-block-size", str(min(128, f))]),
+        Config("sas", "sas", "main", "SAS-P encoder, SAS decoder", ["--arch", "sas_block", *ffn(f)]),
+        Config("sas_sequential", "sas", "ablation", "SAS encoder and decoder",
+               ["--arch", "sas_block", *ffn(f), "--sas-encoder-block", "sas"]),
+        Config("sas_nonorm", "sas", "ablation", "SAS-P encoder, SAS decoder, no norm",
+               ["--arch", "sas_block", *ffn(f), "--sas-no-norm"]),
+    ]
+
+
+def run_name(config, lr, seed):
+    return f"{config}-lr{lr}-s{seed}"
+
+
+# ---------------------------------------------------------------- convergence
+
+def dedup_valid(valid):
+    """End-of-epoch validations by update count (a validation repeated after an interruption counts once)."""
+    by_updates = {}
+    for v in valid:
+        by_updates[int(v["num_updates"])] = v
+    return [by_updates[u] for u in sorted(by_updates)]
+
+
+def convergence(losses, updates, p):
+    """Why a run with end-of-epoch valid `losses` at `updates` stops now, or None to train on:
+    'patience' (no improvement in the last p.patience validations), 'plateau' (at least p.min_epochs, and
+    the last p.tail of the updates improved the best valid loss by less than p.improve of it), or
+    'max_epochs' (the cap: not converged)."""
+    n = len(losses)
+    if n == 0:
+        return None
+    best = min(losses)
+    if p.patience and n > p.patience and min(losses[-p.patience:]) >= min(losses[:-p.patience]):
+        return "patience"
+    if n >= p.min_epochs:
+        early = [l for l, u in zip(losses, updates) if u <= (1 - p.tail) * updates[-1]]
+        if early and min(early) - best < p.improve * best:
+            return "plateau"
+    if n >= p.max_epochs:
+        return "max_epochs"
+    return None
+
+
+# ---------------------------------------------------------------- running
+
+def log(msg):
+    print(f"[study {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def sh(cmd, logfile=None, env=None, cwd=REPO):
+    env = {**os.environ, **(env or {})}
+    if logfile:
+        with open(logfile, "a", encoding="utf-8") as f:
+            f.write(f"\n$ {' '.join(cmd)}\n")
+            f.flush()
+            rc = subprocess.call(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=cwd)
+        if rc != 0:
+            with open(logfile, encoding="utf-8", errors="replace") as f:
+                tail = f.read()[-3000:]
+            raise RuntimeError(f"command failed ({rc}): {' '.join(cmd)}\n{tail}")
+        return ""
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=cwd)
+    if out.returncode != 0:
+        raise RuntimeError(f"command failed ({out.returncode}): {' '.join(cmd)}\n{out.stdout[-2000:]}{out.stderr[-3000:]}")
+    return out.stdout + out.stderr
+
+
+def dump_result(result):
+    """A run's result as JSON, one key per line (diffs of committed result files stay readable)."""
+    return "{\n " + ",\n ".join(f"{json.dumps(k)}: {json.dumps(v)}" for k, v in result.items()) + "\n}\n"
+
+
+def git_rev():
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              cwd=REPO).stdout.strip() or None
+    except OSError:
+        return None
+
+
+class Study:
+    def __init__(self, out, protocol, corpus=None, publish=None, only=None):
+        self.out = os.path.abspath(out)
+        self.p = protocol
+        if corpus:
+            self.p.corpus = os.path.abspath(corpus)
+        self.publish = publish  # folder for the run files beside OUT/results (docs/results/runs)
+        self.results = os.path.join(self.out, "results")
+        os.makedirs(self.results, exist_ok=True)
+        self.configs = {c.name: c for c in configs(self.p) if only is None or c.name in only or c.role == "baseline"}
+
+    # -- the study's fixed choices, made once and kept in OUT/study.json
+    def setup(self):
+        path = os.path.join(self.out, "study.json")
+        if os.path.exists(path):
+            with open(path) as f:
+                self.meta = json.load(f)
+        else:
+            from .precision import choose
+
+            self.meta = {"protocol": asdict(self.p), "precision": choose(), "started": time.strftime("%Y-%m-%d %H:%M")}
+            with open(path, "w") as f:
+                json.dump(self.meta, f, indent=1)
+        log(f"precision of every run: {self.meta['precision']['reason']}")
+        self.data = os.path.join(self.out, "data")
+        sh(["bash", os.path.join(REPO, "examples/data/binarize.sh"), self.p.corpus, self.data, "--vocab", str(self.p.vocab)])
+
+    # -- the plan: which runs, in which order (the sweep decides the learning rate of the rest)
+    def result(self, name):
+        path = os.path.join(self.results, name + ".json")
+        if os.path.exists(path):
+            with open(path) as f:
+                return json.load(f)
+        return None
+
+    def best_lr(self, config):
+        """The learning rate of `config`'s lowest converged valid loss over the sweep's rates (seed 1), or
+        None while any of those runs is missing."""
+        scores = []
+        for lr in self.p.lrs:
+            r = self.result(run_name(config, lr, 1))
+            if r is None:
+                return None
+            scores.append((r["valid_loss"], lr))
+        return min(scores)[1]
+
+    def plan(self):
+        """Run specs (config, lr, seed, why) in order; stops at the first stage that needs results not
+        there yet."""
+        p, runs = self.p, []
+        runs += [("baseline", lr, 1, "learning-rate sweep") for lr in p.lrs]
+        lr = self.best_lr("baseline")
+        if lr is None:
+            return runs
+        mains = [c for c in self.configs.values() if c.role == "main"]
+        ablations = [c for c in self.configs.values() if c.role == "ablation"]
+        key = [c for c in ("one_wide_ffn", "shared_enc_no_dec") if c in self.configs]  # diagnosed first
+        runs += [(c, lr, 1, "seed 1") for c in key]
+        runs += [(c.name, lr, 1, "seed 1") for c in mains if c.name not in key]
+        runs += [(c.name, lr, 1, "ablation") for c in ablations if c.name not in key]
+        for seed in range(2, p.seeds + 1):
+            runs += [(c, lr, seed, f"seed {seed}") for c in ["baseline"] + [m.name for m in mains]]
+        runs += [(c.name, other, 1, "its own learning rate") for c in mains for other in p.lrs if other != lr]
+        return runs
+
+    # -- one run
+    def train_command(self, config, lr, seed, save, epochs):
+        c = self.configs[config]
+        prec = self.meta["precision"]["flag"]
+        return (["bash", os.path.join(REPO, "examples/train.sh"), os.path.join(self.data, "bin"), save]
+                + self.p.dims + c.flags
+                + ["--lr", lr, "--warmup-updates", str(self.p.warmup), "--seed", str(seed),
+                   "--max-tokens", str(self.p.max_tokens), "--dropout", str(self.p.dropout),
+                   "--keep-last-epochs", str(self.p.average), "--max-epoch", str(epochs)]
+                + ([prec] if prec else []))
+
+    def do_run(self, config, lr, seed):
+        from .train_log import parse_train_log
+
+        name = run_name(config, lr, seed)
+        save = os.path.join(self.out, "runs", name)
+        os.makedirs(save, exist_ok=True)
+        train_log = os.path.join(save, "train.log")
+        env = {"LOG_INTERVAL": "100", "PRECISION": "fp32"}  # the study passes its precision flag itself
+        clock = os.path.join(save, "train_seconds")  # training time of the finished fairseq-train calls
+        while True:
+            valid = dedup_valid(parse_train_log(train_log)["valid"]) if os.path.exists(train_log) else []
+            losses, updates = [v["loss"] for v in valid], [int(v["num_updates"]) for v in valid]
+            stop = convergence(losses, updates, self.p)
+            if stop:
+                break
+            log(f"{name}: epoch {len(valid) + 1}" + (f" (valid loss so far {losses[-1]:.3f})" if losses else ""))
+            t = time.time()
+            sh(self.train_command(config, lr, seed, save, len(valid) + 1), logfile=train_log, env=env)
+            spent = float(open(clock).read()) if os.path.exists(clock) else 0.0
+            with open(clock, "w") as f:
+                f.write(f"{spent + time.time() - t:.1f}")
+        log(f"{name}: stopped after {len(valid)} epochs ({stop}); averaging, validating, translating")
+        return self.evaluate(name, config, lr, seed, save, valid, stop)
+
+    def evaluate(self, name, config, lr, seed, save, valid, stop):
+        from .train_log import parse_train_log
+
+        epochs = sorted((int(m.group(1)), f) for f in os.listdir(save)
+                        if (m := re.fullmatch(r"checkpoint(\d+)\.pt", f)))
+        n = min(self.p.average, len(epochs))
+        avg = os.path.join(save, "averaged.pt")
+        sh([sys.executable, "-m", "fairseq_ext.tools.average_checkpoints", "--inputs", save,
+            "--num-epoch-checkpoints", str(n), "--output", avg])
+        data_bin = os.path.join(self.data, "bin")
+        out = sh(["fairseq-validate", data_bin, "--user-dir", os.path.join(REPO, "fairseq_ext"), "--path", avg,
+                  "--task", "translation", "--source-lang", "en", "--target-lang", "de", "--valid-subset", "valid",
+                  "--max-tokens", str(self.p.max_tokens), "--cpu"])
+        m = re.search(r"valid on 'valid' subset \| loss ([0-9.]+) \| nll_loss ([0-9.]+)", out)
+        for f in ("spm.model",):
+            shutil.copy(os.path.join(self.data, f), save)
+        for lang in ("en", "de"):
+            shutil.copy(os.path.join(data_bin, f"dict.{lang}.txt"), save)
+        ev = os.path.join(save, "eval")
+        sh(["bash", os.path.join(REPO, "examples/evaluate.sh"), save, self.p.corpus, ev] + self.p.eval_flags,
+           env={"CKPT": avg})
+        with open(os.path.join(ev, "score.json")) as f:
+            score = json.load(f)
+        log_ = parse_train_log(os.path.join(save, "train.log"))
+        wps = [t["wps"] for t in log_["train"] if "wps" in t]
+        c = self.configs[config]
+        result = {
+            "name": name, "config": config, "paper": c.paper, "role": c.role, "what": c.what, "lr": lr,
+            "warmup": self.p.warmup, "seed": seed, "flags": " ".join(self.p.dims + c.flags), "protocol": self.p.name,
+            "parameters": log_["params"], "epochs": len(valid), "updates": int(valid[-1]["num_updates"]),
+            "stopped_by": stop, "converged": stop in ("patience", "plateau"),
+            "valid_curve": [[int(v["num_updates"]), v["loss"], v.get("nll_loss")] for v in valid],
+            "valid_loss": min(v["loss"] for v in valid),
+            "averaged_checkpoints": n,
+            "averaged_valid_loss": float(m.group(1)) if m else None,
+            "averaged_valid_nll": float(m.group(2)) if m else None,
+            "bleu": score["bleu"], "chrf": score["chrf"], "bleu_signature": score.get("bleu_signature"),
+            "chrf_signature": score.get("chrf_signature"),
+            "decode_sentences_per_s": (score.get("speed") or {}).get("sentences_per_s"),
+            "train_tokens_per_s": statistics.median(wps) if wps else None,
+            "train_seconds": round(float(open(os.path.join(save, "train_seconds")).read()))
+            if os.path.exists(os.path.join(save, "train_seconds")) else None,
+            "precision": self.meta["precision"]["precision"], "cpu": self.meta["precision"].get("cpu"),
+            "git": git_rev(), "finished": time.strftime("%Y-%m-%d %H:%M"),
+        }
+        for path in [os.path.join(self.results, name + ".json")] + (
+                [os.path.join(self.publish, name + ".json")] if self.publish else []):
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            tmp = path + ".tmp"
+            with open(tmp, "w") as f:
+                f.write(dump_result(result))
+            os.replace(tmp, path)
+        for f in [f for _, f in epochs] + ["checkpoint_best.pt"]:  # averaged.pt and checkpoint_last.pt stay
+            if os.path.exists(os.path.join(save, f)):
+                os.remove(os.path.join(save, f))
+        log(f"{name}: BLEU {result['bleu']}, chrF {result['chrf']}, valid loss {result['valid_loss']:.3f} "
+            f"({result['epochs']} epochs, {stop})")
+        return result
+
+    def run(self, max_runs=None):
+        self.setup()
+        done = 0
+        while True:
+            todo = [r for r in self.plan() if self.result(run_name(*r[:3])) is None]
+            if not todo:
+                log(f"nothing left to run in this stage of the protocol; results in {self.results}")
+                return
+            if max_runs is not None and done >= max_runs:
+                log(f"stopping after {done} runs (--max-runs); {len(todo)} planned runs remain")
+                return
+            config, lr, seed, why = todo[0]
+            log(f"run {run_name(config, lr, seed)} ({why}); {len(todo) - 1} more planned after it")
+            self.do_run(config, lr, seed)
+            done += 1
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run", help="carry out the protocol in OUT (resumable)")
+    r.add_argument("out")
+    r.add_argument("--protocol", choices=sorted(PROTOCOLS), default="paper")
+    r.add_argument("--corpus", help="corpus folder (default: the protocol's; required for tiny)")
+    r.add_argument("--max-runs", type=int, help="stop after this many new runs")
+    r.add_argument("--configs", help="comma-separated configurations to run (default: all; the baseline always)")
+    r.add_argument("--publish", help="also write each run's result file here (default for the paper "
+                                     "protocol: docs/results/runs)")
+    t = sub.add_parser("table", help="write docs/results from the run files")
+    t.add_argument("--results", default=RESULTS)
+    t.add_argument("--check", action="store_true", help="fail when the written docs would change")
+    args = p.parse_args(argv)
+    if args.cmd == "run":
+        protocol = PROTOCOLS[args.protocol]
+        if not (args.corpus or protocol.corpus):
+            p.error(f"--protocol {args.protocol} needs --corpus")
+        publish = args.publish or (os.path.join(RESULTS, "runs") if args.protocol == "paper" else None)
+        only = set(args.configs.split(",")) if args.configs else None
+        unknown = (only or set()) - {c.name for c in configs(protocol)}
+        if unknown:
+            p.error(f"--configs: unknown {', '.join(sorted(unknown))} (known: "
+                    f"{', '.join(c.name for c in configs(protocol))})")
+        Study(args.out, protocol, args.corpus, publish, only).run(args.max_runs)
+    else:
+        from .study_report import write_report
+
+        changed = write_report(args.results, check=args.check)
+        if args.check and changed:
+            raise SystemExit(f"docs differ from the run files: {', '.join(changed)} (run: python -m "
+                             f"fairseq_ext.tools.study table)")
+
+
+if __name__ == "__main__":
+    main()
