@@ -5,7 +5,7 @@ Installed on import (fairseq_ext/__init__.py); each part patches fairseq 0.12 wh
    plain-copies it onto the others (checkpoint_last.pt among them): a kill during that copy leaves a
    truncated checkpoint_last.pt that the next run cannot load. Here every checkpoint file (first write
    and every copy) is written to a temporary file in the same folder, flushed and fsync'ed, then renamed
-   over the target, and the folder is fsync'ed; copies are hard links where the file system allows.
+   over the target, and the folder is fsync'ed.
 2. A resume whose checkpoint_last.pt is unreadable (truncated, empty, not a zip archive) falls back to
    the newest readable checkpoint*.pt of the save folder, with a warning naming both files; the
    unreadable file is kept as `<name>.unreadable`.
@@ -66,20 +66,16 @@ def atomic_save(obj, path):
 
 
 def atomic_copy(src, dst):
-    """Make `dst` a complete copy of `src` (a hard link where possible), replacing it atomically."""
+    """Make `dst` a complete copy of `src`, replacing it atomically. A real copy, not a hard link: each
+    checkpoint file stays independent of the others (damage to one leaves its copies whole)."""
     import shutil
 
     tmp = _tmp_name(dst)
-    if os.path.exists(tmp):
-        os.remove(tmp)
     try:
-        try:
-            os.link(src, tmp)
-        except OSError:
-            with open(src, "rb") as fi, open(tmp, "wb") as fo:
-                shutil.copyfileobj(fi, fo, 1 << 22)
-                fo.flush()
-                os.fsync(fo.fileno())
+        with open(src, "rb") as fi, open(tmp, "wb") as fo:
+            shutil.copyfileobj(fi, fo, 1 << 22)
+            fo.flush()
+            os.fsync(fo.fileno())
         os.replace(tmp, dst)
     except BaseException:
         if os.path.exists(tmp):
@@ -144,9 +140,23 @@ def recover_last_checkpoint(path):
                    f"{path}.unreadable)")
 
 
+def _cli_train_modules():
+    """fairseq_cli.train as imported (the fairseq-train entry point), and as __main__ under
+    `python -m fairseq_cli.train`."""
+    import importlib
+
+    modules = [importlib.import_module("fairseq_cli.train")]
+    main = sys.modules.get("__main__")
+    if getattr(getattr(main, "__spec__", None), "name", None) == "fairseq_cli.train":
+        modules.append(main)
+    return modules
+
+
 def _early_stop_fn():
-    module = sys.modules.get("fairseq_cli.train")
-    return getattr(module, "should_stop_early", None)
+    main = sys.modules.get("__main__")
+    if getattr(getattr(main, "__spec__", None), "name", None) == "fairseq_cli.train":
+        return main.should_stop_early
+    return getattr(sys.modules.get("fairseq_cli.train"), "should_stop_early", None)
 
 
 def _patch_save():
@@ -228,9 +238,12 @@ def _patch_batches():
 
 def patch_cli_train():
     """fairseq_cli.train.train: nothing to do when the run loaded from the save folder is finished."""
-    module = sys.modules.get("fairseq_cli.train")
-    if module is None or getattr(module.train, "_fairseq_ext", False):
-        return
+    for module in _cli_train_modules():
+        if not getattr(module.train, "_fairseq_ext", False):
+            _patch_train_function(module)
+
+
+def _patch_train_function(module):
     original = module.train
 
     def train(cfg, trainer, task, epoch_itr):

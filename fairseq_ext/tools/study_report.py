@@ -1,0 +1,252 @@
+"""The study's tables, curves and verdicts, generated from its run files (docs/results/runs/*.json).
+
+    python -m fairseq_ext.tools.study table [--results docs/results] [--check]
+
+Writes, between markers, the Results section of docs/results/README.md and of the repository's README.md,
+plus docs/results/summary.json and docs/results/valid_curves.png. Nothing here is typed by hand: rerun
+after new runs finish. The statistics and verdict rules are the protocol's (docs/results/README.md).
+"""
+import glob
+import json
+import math
+import os
+import statistics
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BEGIN, END = "<!-- study:results:begin -->", "<!-- study:results:end -->"
+
+# The claim each paper makes that this scale can test, the metric it is judged on, and the margin
+# within which "matches" holds (protocol: docs/results/README.md).
+CLAIMS = [
+    ("one_wide_ffn", "One Wide FFN (Pires et al. 2023)",
+     "one FFN shared by the encoder, none in the decoder, widened to the baseline's parameters, matches or "
+     "beats the baseline's BLEU", "bleu"),
+    ("can", "Compressed Attention Network (Li et al. 2021)",
+     "a decoder of CAN sub-layers matches the balanced baseline's BLEU", "bleu"),
+    ("sparse_ffn", "Scaling Transformers (Jaszczur et al. 2021)",
+     "a top-1-of-64 sparse FFN matches the dense model's log-perplexity at the same size", "valid_loss"),
+    ("sparse_ffn_qkv", "Scaling Transformers (Jaszczur et al. 2021)",
+     "sparse FFN + sparse QKV match the dense model's log-perplexity at the same size", "valid_loss"),
+    ("sas", "Simplified Transformer blocks (He & Hofmann 2024)",
+     "SAS / SAS-P blocks match the Pre-LN block's loss per update with fewer parameters", "valid_loss"),
+]
+MARGIN = {"bleu": 0.5, "valid_loss": 0.01}  # absolute BLEU; relative validation loss
+LOWER_IS_BETTER = {"bleu": False, "chrf": False, "valid_loss": True}
+T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
+
+
+def load_runs(results):
+    runs = []
+    for path in sorted(glob.glob(os.path.join(results, "runs", "*.json"))):
+        with open(path) as f:
+            runs.append(json.load(f))
+    return runs
+
+
+def metric(run, name):
+    return run["averaged_valid_loss"] if name == "valid_loss" and run.get("averaged_valid_loss") else run[name]
+
+
+def mean_sd(values):
+    if not values:
+        return None, None
+    return statistics.mean(values), (statistics.stdev(values) if len(values) > 1 else None)
+
+
+def fmt(m, sd, digits=2):
+    if m is None:
+        return "-"
+    return f"{m:.{digits}f}" + (f" ± {sd:.{digits}f}" if sd is not None else "")
+
+
+def main_lr(runs):
+    """The study's learning rate: the one the non-sweep baseline seeds and the methods' seed-1 runs use
+    (the sweep's winner); None before the sweep is complete."""
+    lrs = {r["lr"] for r in runs if r["config"] != "baseline" and r["seed"] == 1}
+    seeds = {r["lr"] for r in runs if r["config"] == "baseline" and r["seed"] > 1}
+    candidates = seeds or lrs
+    if len(candidates) == 1:
+        return next(iter(candidates))
+    sweep = [r for r in runs if r["config"] == "baseline" and r["seed"] == 1]
+    return min(sweep, key=lambda r: r["valid_loss"])["lr"] if len(sweep) >= 3 else None
+
+
+def paired(method, base, name):
+    """Paired differences method − baseline over the seeds both have, (mean, sd, n, p<0.05)."""
+    b = {r["seed"]: metric(r, name) for r in base}
+    d = [metric(r, name) - b[r["seed"]] for r in method if r["seed"] in b]
+    if name == "valid_loss":  # relative difference of a loss
+        d = [x / b[r["seed"]] for x, r in zip(d, [r for r in method if r["seed"] in b])]
+    if not d:
+        return None
+    m = statistics.mean(d)
+    if len(d) < 2:
+        return m, None, len(d), False
+    sd = statistics.stdev(d)
+    t = abs(m) / (sd / math.sqrt(len(d))) if sd > 0 else math.inf
+    return m, sd, len(d), t > T95[len(d) - 1]
+
+
+def verdict(diff, name):
+    if diff is None:
+        return "not run yet"
+    m, sd, n, significant = diff
+    better = -m if LOWER_IS_BETTER[name] else m  # > 0: the method is better
+    margin = MARGIN[name]
+    if n < 2:
+        return "inconclusive at this scale (1 seed)"
+    if better >= -margin and not (significant and better < 0):
+        return "holds"
+    if significant and better < -margin:
+        return "does not hold"
+    return "inconclusive at this scale"
+
+
+def report(runs):
+    """(markdown, summary dict)."""
+    if not runs:
+        return "No run has finished yet.", {"runs": 0}
+    lr = main_lr(runs)
+    lines = []
+    sweep = sorted([r for r in runs if r["seed"] == 1], key=lambda r: (r["config"], float(r["lr"])))
+    rates = sorted({r["lr"] for r in sweep}, key=float)
+    by_config = {}
+    for r in sweep:
+        by_config.setdefault(r["config"], {})[r["lr"]] = r
+    lines += ["### Learning rates (seed 1, validation loss of the averaged checkpoints, bits per token)", "",
+              "| configuration | " + " | ".join(f"lr {x}" for x in rates) + " | best |",
+              "|---|" + "---|" * (len(rates) + 1)]
+    for config, by_lr in by_config.items():
+        cells = [f"{metric(by_lr[x], 'valid_loss'):.3f}" if x in by_lr else "-" for x in rates]
+        best = min(by_lr.values(), key=lambda r: metric(r, "valid_loss"))["lr"] if len(by_lr) == len(rates) else "-"
+        lines.append(f"| {config} | " + " | ".join(cells) + f" | {best} |")
+    lines.append("")
+    summary = {"runs": len(runs), "lr": lr, "configs": {}, "claims": []}
+    if lr is None:
+        lines.append("The learning-rate sweep of the baseline is not complete: no comparison yet.")
+        return "\n".join(lines), summary
+    at_lr = [r for r in runs if r["lr"] == lr]
+    groups = {}
+    for r in at_lr:
+        groups.setdefault(r["config"], []).append(r)
+    base = groups.get("baseline", [])
+    lines += [f"### Every configuration at the baseline's learning rate ({lr})", "",
+              "Mean ± standard deviation over seeds; Δ: paired difference to the baseline (same seed), "
+              "* where a paired t-test over the seeds gives p < 0.05. Valid loss: the averaged checkpoints, "
+              "bits per token (label-smoothed). Speeds: ratio to the baseline's mean in this study.", "",
+              "| configuration | parameters | seeds | epochs | valid loss | BLEU | Δ BLEU | chrF | training tokens/s "
+              "| decoding sentences/s | converged |",
+              "|---|---|---|---|---|---|---|---|---|---|---|"]
+    base_tps = statistics.mean([r["train_tokens_per_s"] for r in base if r.get("train_tokens_per_s")] or [0]) or None
+    base_dps = statistics.mean([r["decode_sentences_per_s"] for r in base if r.get("decode_sentences_per_s")] or [0]) or None
+    order = [c for c in ["baseline", "one_wide_ffn", "shared_enc_no_dec", "can", "can_attention", "can_ffn",
+                         "sparse_ffn", "sparse_ffn_qkv", "sparse_ffn_128", "sas", "sas_sequential", "sas_nonorm"]
+             if c in groups] + sorted(c for c in groups if c not in (
+                 "baseline", "one_wide_ffn", "shared_enc_no_dec", "can", "can_attention", "can_ffn", "sparse_ffn",
+                 "sparse_ffn_qkv", "sparse_ffn_128", "sas", "sas_sequential", "sas_nonorm"))
+    for config in order:
+        rs = sorted(groups[config], key=lambda r: r["seed"])
+        vl, bl, cf = (mean_sd([metric(r, k) for r in rs]) for k in ("valid_loss", "bleu", "chrf"))
+        tps = statistics.mean([r["train_tokens_per_s"] for r in rs if r.get("train_tokens_per_s")] or [0])
+        dps = statistics.mean([r["decode_sentences_per_s"] for r in rs if r.get("decode_sentences_per_s")] or [0])
+        d = paired(rs, base, "bleu") if config != "baseline" else None
+        dtxt = "-" if d is None else (f"{d[0]:+.2f}" + (f" ± {d[1]:.2f}" if d[1] is not None else "") + (" *" if d[3] else ""))
+        conv = sum(r["converged"] for r in rs)
+        lines.append(
+            f"| {config} | {rs[0]['parameters'] / 1e6:.2f}M | {len(rs)} | {statistics.mean(r['epochs'] for r in rs):.1f} "
+            f"| {fmt(*vl, 3)} | {fmt(*bl)} | {dtxt} | {fmt(*cf)} | "
+            f"{tps:,.0f}" + (f" ({tps / base_tps:.2f}×)" if base_tps and config != "baseline" else "") + " | "
+            f"{dps:.1f}" + (f" ({dps / base_dps:.2f}×)" if base_dps and config != "baseline" else "") + f" | {conv}/{len(rs)} |")
+        summary["configs"][config] = {"seeds": [r["seed"] for r in rs], "valid_loss": vl, "bleu": bl, "chrf": cf,
+                                      "delta_bleu": d, "train_tokens_per_s": tps, "decode_sentences_per_s": dps}
+    lines += ["", "### The papers' claims at this scale", "",
+              "| paper | claim | metric | our difference to the baseline | verdict |", "|---|---|---|---|---|"]
+    for config, paper, claim, name in CLAIMS:
+        d = paired(groups.get(config, []), base, name) if groups.get(config) else None
+        if d is None:
+            diff = "-"
+        elif name == "valid_loss":
+            diff = f"{100 * d[0]:+.1f}%" + (f" ± {100 * d[1]:.1f}%" if d[1] is not None else "") + f" ({d[2]} seeds)"
+        else:
+            diff = f"{d[0]:+.2f}" + (f" ± {d[1]:.2f}" if d[1] is not None else "") + f" BLEU ({d[2]} seeds)"
+        v = verdict(d, name)
+        lines.append(f"| {paper} | {claim} | {'BLEU' if name == 'bleu' else 'valid loss'} | {diff} | {v} |")
+        summary["claims"].append({"config": config, "paper": paper, "claim": claim, "metric": name,
+                                  "difference": d, "verdict": v})
+    missing = [f"{c} ({len(groups.get(c, []))}/3 seeds)" for c in
+               ["baseline", "one_wide_ffn", "can", "sparse_ffn", "sparse_ffn_qkv", "sas"] if len(groups.get(c, [])) < 3]
+    if missing:
+        lines += ["", "Not complete yet: " + ", ".join(missing) + ". `examples/study/run.sh runs/study` resumes them."]
+    lines += ["", f"{len(runs)} runs; curves of validation loss per update: `valid_curves.png`. Each run's settings, "
+              "curve, scores, sacrebleu signatures, machine and code version: `runs/<run>.json`."]
+    return "\n".join(lines), summary
+
+
+def curves(runs, lr, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    groups = {}
+    for r in runs:
+        if r["lr"] == lr:
+            groups.setdefault(r["config"], []).append(r)
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for config, rs in sorted(groups.items()):
+        n = min(len(r["valid_curve"]) for r in rs)
+        xs = [statistics.mean(r["valid_curve"][i][0] for r in rs) for i in range(n)]
+        ys = [[r["valid_curve"][i][1] for r in rs] for i in range(n)]
+        mean = [statistics.mean(y) for y in ys]
+        line, = ax.plot(xs, mean, label=f"{config} ({len(rs)} seeds)", lw=2 if config == "baseline" else 1)
+        if len(rs) > 1:
+            ax.fill_between(xs, [min(y) for y in ys], [max(y) for y in ys], color=line.get_color(), alpha=0.2)
+    ax.set_xlabel("updates")
+    ax.set_ylabel("validation loss (bits per token, label-smoothed)")
+    ax.set_title(f"Validation loss per epoch, lr {lr}: mean over seeds, band = min–max")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110, metadata={"Software": None})
+    plt.close(fig)
+
+
+def _replace_between(text, body):
+    if BEGIN not in text or END not in text:
+        raise ValueError(f"markers {BEGIN} / {END} not found")
+    head, rest = text.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    return f"{head}{BEGIN}\n{body}\n{END}{tail}"
+
+
+def write_report(results, check=False):
+    """Regenerate the study's docs; returns the files that changed (with check=True: would change)."""
+    runs = load_runs(results)
+    body, summary = report(runs)
+    changed = []
+    targets = [os.path.join(results, "README.md")]
+    readme = os.path.join(REPO, "README.md")
+    if os.path.abspath(results) == os.path.join(REPO, "docs", "results") and os.path.exists(readme):
+        with open(readme, encoding="utf-8") as f:
+            if BEGIN in f.read():
+                targets.append(readme)
+    for path in targets:
+        with open(path, encoding="utf-8") as f:
+            old = f.read()
+        new = _replace_between(old, body)
+        if new != old:
+            changed.append(path)
+            if not check:
+                with open(path, "w", encoding="utf-8") as f:
+                    f.write(new)
+    spath = os.path.join(results, "summary.json")
+    text = json.dumps(summary, indent=1, sort_keys=True) + "\n"
+    old = open(spath).read() if os.path.exists(spath) else None
+    if old != text:
+        changed.append(spath)
+        if not check:
+            with open(spath, "w") as f:
+                f.write(text)
+    if not check and summary.get("lr"):
+        curves(runs, summary["lr"], os.path.join(results, "valid_curves.png"))
+    return changed

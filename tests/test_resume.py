@@ -1,0 +1,129 @@
+"""Training survives interruption (fairseq_ext/checkpointing.py): killed anywhere — inside a checkpoint
+write, between a write and its rename, during the copy onto checkpoint_last.pt, in the middle of an epoch,
+at epoch 2 or later — the same command resumes and ends with the parameters of the uninterrupted run,
+bit for bit, having trained on the same batches in the same order. A finished run stays finished; an
+unreadable checkpoint_last.pt falls back to the newest readable checkpoint.
+
+The runs use --update-freq 2, dropout, bf16 autocast (--bf16 on CPU) and saves every 5 updates and at
+every epoch end (7 updates per epoch: 40 updates are almost 6 epochs)."""
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO, clean_env
+from matrix import USER_DIR
+
+HELPER = os.path.join(REPO, "tests", "train_with_faults.py")
+MAX_UPDATE = 40
+
+
+def _args(data, save, max_update=MAX_UPDATE, arch="transformer_tiny"):
+    return [str(data / "bin"), "--user-dir", USER_DIR, "--cpu", "--task", "translation",
+            "--source-lang", "en", "--target-lang", "de", "--arch", arch, "--share-all-embeddings",
+            "--optimizer", "adam", "--lr", "2e-3", "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "10",
+            "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1", "--dropout", "0.1",
+            "--max-tokens", "4000", "--update-freq", "2", "--bf16", "--save-dir", str(save),
+            "--save-interval-updates", "5", "--keep-interval-updates", "2", "--keep-last-epochs", "2",
+            "--max-update", str(max_update), "--seed", "11", "--log-format", "simple", "--log-interval", "5"]
+
+
+def _train(data, save, kill=None, trace=None, **kw):
+    env = clean_env(OMP_NUM_THREADS="1", **({"KILL": kill} if kill else {}), **({"TRACE": str(trace)} if trace else {}))
+    p = subprocess.run([sys.executable, HELPER, *_args(data, save, **kw)], cwd=REPO, env=env, capture_output=True,
+                       text=True, timeout=600)
+    return p.returncode, p.stdout + p.stderr
+
+
+def _effective_batches(trace):
+    """The batches the model was finally trained on: the last recorded batch of each update number (an
+    update trained after the last checkpoint and lost in a kill is recorded twice)."""
+    by_update = {}
+    for line in open(trace):
+        updates, ids = json.loads(line)
+        by_update[updates] = ids
+    return by_update
+
+
+def _params(path):
+    from fairseq_ext.compat import load_checkpoint
+
+    state = load_checkpoint(path)
+    return state["optimizer_history"][-1]["num_updates"], state["model"]
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_data, tmp_path_factory):
+    save = tmp_path_factory.mktemp("uninterrupted")
+    trace = save / "trace.jsonl"
+    rc, out = _train(tiny_data, save, trace=trace)
+    assert rc == 0, out[-4000:]
+    assert "bf16 on CPU" in out and "epoch 003" in out, "the reference run must reach epoch 3"
+    return save, trace
+
+
+# kill points: inside checkpoint writes (an interval save, an epoch save), before a rename, during the
+# copy onto checkpoint_last.pt, and at updates in the middle of epochs 1, 2 and 5 (7 updates per epoch)
+KILLS = ["write:2", "write:5", "rename:3", "copy:4", "step:4", "step:12", "step:31"]
+
+
+@pytest.mark.parametrize("kill", KILLS)
+def test_killed_anywhere_resumes_exactly(kill, reference, tiny_data, tmp_path):
+    ref_save, ref_trace = reference
+    save, trace = tmp_path / "run", tmp_path / "trace.jsonl"
+    rc, out = _train(tiny_data, save, kill=kill, trace=trace)
+    assert rc == -signal.SIGKILL, f"the fault {kill} did not fire (rc {rc})\n{out[-3000:]}"
+    rc, out = _train(tiny_data, save, trace=trace)  # the same command again
+    assert rc == 0, out[-4000:]
+    n_ref, ref = _params(ref_save / "checkpoint_last.pt")
+    n, got = _params(save / "checkpoint_last.pt")
+    assert n == n_ref == MAX_UPDATE
+    different = [k for k in ref if not (ref[k] == got[k]).all()]
+    assert not different, f"after {kill} and resume, {len(different)} tensors differ, e.g. {different[:3]}"
+    assert _effective_batches(trace) == _effective_batches(ref_trace), "the resumed run trained on other batches"
+    for name in os.listdir(save):  # every checkpoint left in the folder is whole
+        if name.endswith(".pt"):
+            from fairseq_ext.checkpointing import readable_checkpoint
+
+            assert readable_checkpoint(str(save / name)) == "", name
+
+
+def test_rerunning_a_finished_run_trains_nothing(reference, tiny_data, tmp_path):
+    ref_save, _ = reference
+    digest = hashlib.sha256((ref_save / "checkpoint_last.pt").read_bytes()).hexdigest()
+    rc, out = _train(tiny_data, ref_save)
+    assert rc == 0, out[-3000:]
+    assert f"nothing to train: the run in {ref_save} is finished ({MAX_UPDATE} updates, --max-update {MAX_UPDATE})" in out
+    assert hashlib.sha256((ref_save / "checkpoint_last.pt").read_bytes()).hexdigest() == digest
+    assert "train_inner" not in out
+
+
+@pytest.mark.parametrize("damage", ["truncated", "empty", "garbage"])
+def test_unreadable_last_checkpoint_falls_back_to_newest_readable(damage, tiny_data, tmp_path):
+    save = tmp_path / "run"
+    rc, out = _train(tiny_data, save, max_update=15)
+    assert rc == 0, out[-3000:]
+    last = save / "checkpoint_last.pt"
+    others = sorted((p for p in save.glob("checkpoint*.pt") if p != last), key=lambda p: p.stat().st_mtime)
+    newest = others[-1]
+    data = last.read_bytes()
+    last.write_bytes({"truncated": data[: len(data) // 3], "empty": b"", "garbage": os.urandom(5000)}[damage])
+    rc, out = _train(tiny_data, save, max_update=20)
+    assert rc == 0, out[-3000:]
+    assert f"{last} " in out and f"resuming from {newest} instead" in out, out[-3000:]
+    assert (save / "checkpoint_last.pt.unreadable").exists()
+    n, _ = _params(last)
+    assert n == 20
+
+
+def test_no_readable_checkpoint_is_a_clear_error(tiny_data, tmp_path):
+    save = tmp_path / "run"
+    save.mkdir()
+    (save / "checkpoint_last.pt").write_bytes(b"")
+    rc, out = _train(tiny_data, save, max_update=5)
+    assert rc != 0
+    assert f"cannot resume: {save}/checkpoint_last.pt is empty (0 bytes), and no other readable checkpoint" in out
