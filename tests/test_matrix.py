@@ -182,3 +182,125 @@ def test_bad_flags_fail_at_build_time_with_clear_message(arch, flags, message, t
     with pytest.raises((ValueError, AssertionError, SystemExit)) as info:
         build(tiny_data, arch, extra=flags)
     assert message in str(info.value), f"unclear error for {flags}: {info.value!r}"
+
+
+# ---- the precision axis: every arch in fp16 and bf16 (model cast, as fairseq's --fp16 does) and through
+# the trainers that train in half precision (FP16Optimizer, MemoryEfficientFP16Optimizer, bf16 autocast)
+
+HALF = [torch.float16, torch.bfloat16]
+# tolerances relative to the largest |value| of the fp32 reference (logits), and the gradient's cosine
+# similarity to fp32's: a half-precision model is the fp32 model with rounded weights and activations.
+# Discrete choices (the sparse FFN's unit per block, LSH buckets) can flip at near-ties when rounded
+# (0.2-0.6% of them in these random tiny models): the logits are compared with the fp32 model making the
+# half model's choices (recorded and replayed, as a reversible layer's recomputation does).
+LOGIT_TOL = {torch.float16: 0.02, torch.bfloat16: 0.08}
+GRAD_COS = {torch.float16: 0.99, torch.bfloat16: 0.95}
+
+
+def _makes_discrete_choices(model):
+    from fairseq_ext.modules.lsh_attention import LSHSelfAttention
+    from fairseq_ext.modules.sparse_feedforward import SparseFFNInput
+
+    return any(isinstance(m, (SparseFFNInput, LSHSelfAttention)) for m in model.modules())
+
+
+def _padded_batches(task, arch):
+    """A left-padded batch (fairseq's default for sources) and the same sentences right-padded."""
+    sample = fixed_batch(task, n=5)
+    if is_lm(arch):
+        return [("right", sample)]
+    ds = task.dataset("valid")
+    left_pad = ds.left_pad_source
+    try:
+        ds.left_pad_source = False
+        right = ds.collater([ds[i] for i in range(5)])
+    finally:
+        ds.left_pad_source = left_pad
+    return [("left", sample), ("right", right)]
+
+
+def _loss_and_grads(model, sample):
+    model.zero_grad(set_to_none=True)
+    out = model(**sample["net_input"])[0]
+    lprobs = torch.log_softmax(out.float(), dim=-1)
+    target = sample["target"]
+    loss = -(lprobs.gather(-1, target.unsqueeze(-1)).squeeze(-1) * target.ne(1)).sum()
+    loss.backward()
+    return torch.cat([p.grad.float().reshape(-1) for p in model.parameters() if p.grad is not None])
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=["fp16", "bf16"])
+@pytest.mark.parametrize("arch", ARCHS)
+def test_half_precision_forward_backward_matches_fp32(arch, dtype, tiny_data):
+    import copy
+
+    from fairseq_ext.modules.reversible import DecisionTape
+
+    _, task, model, _ = build(tiny_data, arch)
+    model.eval()  # no dropout: the only difference is the precision
+    half = copy.deepcopy(model).to(dtype)
+    for side, sample in _padded_batches(task, arch):
+        tape = DecisionTape()
+        with torch.no_grad():
+            with tape.active(replay=False):
+                out16 = half(**sample["net_input"])[0].float()
+            with tape.active(replay=True):
+                out32 = model(**sample["net_input"])[0]
+        keep = sample["target"].ne(1)  # positions of real target tokens
+        assert torch.isfinite(out16[keep]).all(), f"{side}-padded: non-finite logits in {dtype}"
+        err = (out16 - out32).abs().amax(-1)[keep].max().item() / out32.abs().max().item()
+        assert err <= LOGIT_TOL[dtype], f"{side}-padded: {dtype} logits differ from fp32 by {err:.3f} of their maximum"
+        g32, g16 = _loss_and_grads(model, sample), _loss_and_grads(half, sample)
+        assert torch.isfinite(g16).all(), f"{side}-padded: non-finite gradient in {dtype}"
+        cos = torch.nn.functional.cosine_similarity(g16, g32, dim=0).item()
+        assert cos >= GRAD_COS[dtype], f"{side}-padded: {dtype} gradient's cosine similarity to fp32's is {cos:.3f}"
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=["fp16", "bf16"])
+@pytest.mark.parametrize("arch", ARCHS)
+def test_half_precision_incremental_decoding_equals_full_forward(arch, dtype, tiny_data):
+    _, task, model, _ = build(tiny_data, arch)
+    model.eval().to(dtype)
+    tokens = torch.randint(4, len(task.target_dictionary), (3, 7), generator=torch.Generator().manual_seed(2))
+    tokens[:, 0] = task.target_dictionary.eos()
+    with torch.no_grad():
+        enc = None
+        if not is_lm(arch):
+            net = fixed_batch(task, n=3)["net_input"]
+            enc = model.encoder(net["src_tokens"], src_lengths=net["src_lengths"])
+        full = model.decoder(tokens, encoder_out=enc)[0].float()
+        state = {}
+        steps = torch.stack([model.decoder(tokens[:, : t + 1], encoder_out=enc, incremental_state=state)[0][:, -1]
+                             for t in range(tokens.size(1))], dim=1).float()
+    assert torch.isfinite(full).all() and torch.isfinite(steps).all()
+    err = (steps - full).abs().amax(-1) / full.abs().max()  # per position
+    # a discrete choice (sparse FFN unit, LSH bucket) may flip at a near-tie between the two computations,
+    # which round differently: such models may exceed the tolerance at one position in seven
+    allowed = 1 / 7 if _makes_discrete_choices(model) else 0.0
+    over = (err > LOGIT_TOL[dtype] / 2).float().mean().item()
+    assert over <= allowed, (f"{dtype}: incremental differs from the full forward by up to {err.max():.4f} of the "
+                             f"maximum at {100 * over:.0f}% of the positions")
+
+
+@pytest.mark.parametrize("mode", ["fp16", "memory_efficient_fp16", "bf16_autocast"])
+@pytest.mark.parametrize("arch", ARCHS)
+def test_half_precision_trainers_reduce_the_loss(arch, mode, tiny_data):
+    """One of fairseq's half-precision trainers (fp32 master weights, dynamic loss scaling) or the package's
+    bf16 autocast (--bf16 on CPU, fp32 weights) lowers the loss on a repeated batch; the weights the
+    trainer keeps are fp32 where they must be."""
+    # FP16Optimizer's flat fp32 copy is allocated on torch.cuda.current_device(): on a CPU it needs
+    # --fp16-no-flatten-grads (one fp32 copy per parameter), which is what a CPU run of --fp16 uses
+    flags = {"fp16": ["--fp16", "--fp16-no-flatten-grads"], "memory_efficient_fp16": ["--memory-efficient-fp16"],
+             "bf16_autocast": ["--bf16"]}[mode]
+    cfg, task, model, criterion = build(tiny_data, arch, extra=flags + ["--fp16-init-scale", "128"])
+    sample = fixed_batch(task, n=4)
+    trainer = _trainer(cfg, task, model, criterion)
+    before = eval_loss(trainer.model, trainer.criterion, trainer._prepare_sample(sample)[0])
+    for _ in range(2):
+        trainer.train_step([sample])
+    after = eval_loss(trainer.model, trainer.criterion, trainer._prepare_sample(sample)[0])
+    assert after < before, f"{mode}: loss {before:.4f} -> {after:.4f}"
+    weights = {p.dtype for p in trainer.model.parameters()}
+    assert weights == ({torch.float32} if mode == "bf16_autocast" else {torch.float16}), weights
+    if mode == "fp16":
+        assert all(p.dtype == torch.float32 for p in trainer.optimizer.fp32_params)

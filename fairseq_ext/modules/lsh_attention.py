@@ -39,6 +39,12 @@ def _float(scores):
     return scores.float() if scores.dtype in (torch.float16, torch.bfloat16) else scores
 
 
+def unit(x: Tensor) -> Tensor:
+    """x / ||x|| over the last dim, computed in float32 (F.normalize's eps 1e-12 is 0 in float16, so a
+    zero vector — a padded position — would give 0/0); returned in x's dtype."""
+    return F.normalize(x.float(), dim=-1).to(x.dtype)
+
+
 def _rotations(gen_seed: Optional[int], head_dim, n_hashes, n_buckets, like: Tensor):
     shape = (head_dim, n_hashes, n_buckets // 2)
     if gen_seed is None:  # training: fresh rotations
@@ -49,7 +55,7 @@ def _rotations(gen_seed: Optional[int], head_dim, n_hashes, n_buckets, like: Ten
 
 def hash_buckets(qk: Tensor, rot: Tensor) -> Tensor:
     """(B, H, L, D) x (D, n, b/2) -> bucket ids (B, H, n, L): argmax([xR; -xR]) of the unit vectors."""
-    r = torch.einsum("bhld,dnr->bhnlr", F.normalize(qk, dim=-1), rot)
+    r = torch.einsum("bhld,dnr->bhnlr", unit(qk), rot)
     return torch.cat([r, -r], dim=-1).argmax(dim=-1)
 
 
@@ -89,7 +95,7 @@ def lsh_attention(qk: Tensor, v: Tensor, buckets: Tensor, chunk: int, causal: bo
         return torch.cat([x.roll(1, dims=3), x], dim=4)
 
     sq = gather(qk)
-    sk = look_back(F.normalize(sq, dim=-1))
+    sk = look_back(unit(sq))
     sv = look_back(gather(v))
     spos = order.view(b, h, n, chunks, chunk)
     kpos = look_back(spos)
@@ -144,7 +150,7 @@ class LSHSelfAttention(nn.Module):
         return decision(hash_buckets(qk, rot))
 
     def _full(self, q, k, v, q_pos, k_pos, pad, allowed=None):
-        scores = _float(torch.matmul(q, F.normalize(k, dim=-1).transpose(-1, -2)) / math.sqrt(self.head_dim))
+        scores = _float(torch.matmul(q, unit(k).transpose(-1, -2)) / math.sqrt(self.head_dim))
         if allowed is not None:
             scores = scores.masked_fill(~allowed, MASKED)
         k_pad = pad.view(pad.size(0), 1, -1) if pad is not None else None  # (B, 1, L): heads broadcast

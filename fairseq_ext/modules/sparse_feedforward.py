@@ -73,8 +73,12 @@ class SparseFFNInput(nn.Module):
         return (f"{self.in_features} -> {self.out_features}, block_size={self.block_size}, "
                 f"lowrank={self.lowrank_dim}, temperature={self.temperature}, quant_prob={self.quant_prob}")
 
-    def controller_logits(self, x):  # x: (n, d) -> (n, d_ff/N, N)
-        logits = F.linear(F.linear(x, self.controller1), self.controller2, self.controller_bias)
+    def controller_logits(self, x):  # x: (n, d) -> (n, d_ff/N, N), float32
+        # in float32 whatever the model's dtype or autocast: the choice is discrete, and a half-precision
+        # controller flips near-ties (trax keeps it in float32 too)
+        with torch.autocast(x.device.type, enabled=False):
+            logits = F.linear(F.linear(x.float(), self.controller1.float()), self.controller2.float(),
+                              self.controller_bias.float())
         return logits.view(x.size(0), self.num_blocks, self.block_size)
 
     def _gumbel_max(self, log_p):
@@ -130,7 +134,7 @@ class SparseFFNInput(nn.Module):
                 mask = soft
             h = F.relu(F.linear(x2, self.weight)) * mask.view(n, -1).to(x2.dtype)
             return h.view(*shape, self.out_features)
-        choice = logits.argmax(-1)  # (n, blocks)
+        choice = decision(logits.argmax(-1))  # (n, blocks); a decision a tape can record and replay
         h = F.relu(F.linear(x2, self.weight)).view(n, self.num_blocks, self.block_size)
         h = h * F.one_hot(choice, self.block_size).to(h.dtype)
         return h.view(*shape, self.out_features)
