@@ -121,3 +121,41 @@ def test_two_stage_top_k_equals_fairseqs_beam_search(step, vocab):
     out = TwoStageBeamSearch(Dict()).step(step, lprobs.clone(), scores)
     for r, o in zip(ref, out):
         assert torch.equal(r, o)
+
+
+@pytest.mark.parametrize("mode", ["bf16_autocast", "fp16"])
+def test_half_precision_trained_checkpoint_decodes_like_fairseq(mode, tiny_data, tmp_path):
+    """A model trained with bf16 autocast (--bf16 on CPU) or fairseq's --fp16 trainer is saved and loaded as
+    fairseq-generate loads it; the fast path decodes it to fairseq's hypotheses in fp32 (fast step) and in
+    half precision (the model's own step: the fast step is fp32)."""
+    import copy
+
+    from fairseq import checkpoint_utils
+    from fairseq.trainer import Trainer
+
+    from fairseq_ext.decoding.fast_generator import OwnStepEnsembleModel
+
+    torch.manual_seed(3)
+    flags = ["--bf16"] if mode == "bf16_autocast" else ["--fp16", "--fp16-no-flatten-grads"]
+    cfg, task, model, criterion = build(tiny_data, "transformer_tiny", extra=flags + ["--save-dir", str(tmp_path)])
+    trainer = Trainer(cfg, task, model, criterion)
+    sample = fixed_batch(task, n=8)
+    for _ in range(3):
+        trainer.train_step([sample])
+    path = str(tmp_path / "checkpoint_last.pt")
+    trainer.consolidate_optimizer()
+    trainer.save_checkpoint(path, {"train_iterator": {"epoch": 1}})
+    [loaded], _ = checkpoint_utils.load_model_ensemble([path], task=task)
+    assert next(loaded.parameters()).dtype == torch.float32
+    with torch.no_grad():
+        for p in loaded.decoder.parameters():
+            p.mul_(1.5)  # away from near-ties (see _sharpened)
+    loaded.eval()
+    _compare(loaded, task, sample, beam_size=5)
+    half = copy.deepcopy(loaded).to(torch.float16 if mode == "fp16" else torch.bfloat16)
+    # (half-precision products are slow on a CPU without native fp16: 3 sentences, beam 3)
+    gen = _compare(half, task, fixed_batch(task, n=3), gen_cls=OwnStepEnsembleModel, beam_size=3, max_len_b=8,
+                   tol=1e-2)
+    assert "the fast step is fp32" in gen.fast_reason
+    with pytest.raises(ValueError, match="--int8 quantizes the decoder's fp32 weights"):
+        FastSequenceGenerator([half], task.target_dictionary, int8=True, beam_size=5)

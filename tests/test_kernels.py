@@ -461,3 +461,38 @@ def test_hashed_dropout_clear_errors_and_opcheck():
     with pytest.raises(RuntimeError, match=r"p must be in \[0, 1\)"):
         torch.ops.fairseq_ext.hashed_dropout(torch.randn(4), 1.0, 1)
     torch.library.opcheck(torch.ops.fairseq_ext.hashed_dropout.default, (torch.randn(5, 7), 0.2, 77))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_decoding_ops_take_half_precision_inputs(dtype, caplog):
+    """The decoding ops' entry points on CPU tensors of a dtype their CPU kernel does not take: the PyTorch
+    reference computes it (a log line names the dtype), close to float32, never a crash."""
+    import logging
+
+    from fairseq_ext.ops import few_rows_linear as frl, ops_logger_name
+    from fairseq_ext.ops.compressed_attention import compressed_attention_decode
+    from fairseq_ext.ops.sparse_ffn import sparse_ffn_decode
+
+    tol = {torch.float16: 2e-2, torch.bfloat16: 8e-2}[dtype]
+    ops._FALLBACKS_LOGGED.clear()  # the line is logged once per process: make this test see it
+    caplog.set_level(logging.INFO, logger=ops_logger_name)
+    with torch.no_grad():
+        x, w, b = torch.randn(5, 40), torch.randn(17, 40) / 6, torch.randn(17)
+        out = frl.few_rows_linear(x.to(dtype), w.to(dtype), b.to(dtype))
+        assert out.dtype == dtype
+        torch.testing.assert_close(out.float(), torch.nn.functional.linear(x, w, b), rtol=tol, atol=tol)
+        # the reference on the same rounded inputs: the controller runs in float32 in both, so the choices agree
+        weights = [t.to(dtype).float() for t in _weights(40, 120, 12, 8, torch.float32, seed=4)]
+        x = torch.randn(3, 40).to(dtype).float()
+        out = sparse_ffn_decode(x.to(dtype), *[t.to(dtype) for t in weights], 12)
+        ref = sparse_ffn_decode_reference(x, *weights, 12)
+        assert out.dtype == dtype
+        torch.testing.assert_close(out.float(), ref, rtol=tol, atol=tol * ref.abs().max().item())
+        args = _can_args(3, 2, 12, 20, 7, 9, 7, 24, torch.float32, seed=5, pad=[(0, 4)])
+        out = compressed_attention_decode(*[a.to(dtype) if torch.is_tensor(a) else a for a in args])
+        ref = compressed_attention_decode_reference(*args)
+        assert out.dtype == dtype
+        torch.testing.assert_close(out.float(), ref, rtol=tol, atol=tol * ref.abs().max().item())
+    logged = caplog.text
+    for op in ("few_rows_linear", "sparse_ffn_decode", "compressed_attention_decode"):
+        assert f"{op}: no cpu kernel for {dtype}" in logged, logged

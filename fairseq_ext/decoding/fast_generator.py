@@ -51,6 +51,9 @@ logger = logging.getLogger(__name__)
 
 def unsupported_reason(models) -> Optional[str]:
     """None when a fast step (steppers.py) serves these models, else why not (one line)."""
+    dtype = next(models[0].parameters()).dtype
+    if dtype != torch.float32:  # its fused projections round differently from fairseq's step in fp16/bf16
+        return f"the fast step is fp32; the model is {dtype}"
     return stepper_for(models)[1]
 
 
@@ -173,6 +176,10 @@ class FastSequenceGenerator(SequenceGenerator):
         if type(self.search) is BeamSearch:  # plain beam search (not sampling, diverse, constrained, ...)
             self.search = TwoStageBeamSearch(tgt_dict)
         int8 = self.int8 if int8 is None else int8
+        dtype = next(models[0].parameters()).dtype
+        if int8 and dtype != torch.float32:
+            raise ValueError(f"--int8 quantizes the decoder's fp32 weights, but the model is {dtype} (--fp16 or "
+                             f"--bf16): use one of the two")
         if self.fast_reason is None:
             if int8:
                 quantize_decoder_int8(models[0])

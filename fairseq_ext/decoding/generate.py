@@ -18,7 +18,14 @@ from .fast_generator import FastSequenceGenerator
 
 
 def main():
+    if "-h" in sys.argv or "--help" in sys.argv:
+        print("fairseq-ext-generate: fairseq-generate's flags (below), plus\n"
+              "  --int8    int8 decoder (dynamic quantization of its Linear layers; fast path, fp32 models only)\n")
     if "--int8" in sys.argv:
+        half = [f for f in ("--fp16", "--bf16", "--memory-efficient-fp16", "--memory-efficient-bf16") if f in sys.argv]
+        if half:
+            sys.exit(f"fairseq-ext-generate: --int8 quantizes the decoder's fp32 weights and cannot be combined "
+                     f"with {half[0]}: drop one of the two")
         sys.argv.remove("--int8")
         FastSequenceGenerator.int8 = True
     sequence_generator.SequenceGenerator = FastSequenceGenerator

@@ -4,9 +4,14 @@ Every op has a plain PyTorch reference beside it; the reference is the spec and 
 the path taken whenever the compiled extension is absent or disabled. Set FAIRSEQ_EXT_NO_KERNELS=1 to
 force the references even when the extension is built.
 """
+import logging
 import os
 
 import torch  # noqa: F401  (loads libc10/libtorch, which fairseq_ext._C links against)
+
+logger = logging.getLogger(__name__)
+ops_logger_name = __name__
+_FALLBACKS_LOGGED = set()
 
 try:
     from .. import _C  # noqa: F401  (loading it registers torch.ops.fairseq_ext.*)
@@ -40,8 +45,14 @@ def kernel_serves(op, x, dtypes):
     and enabled, a kernel for x's device, a dtype `dtypes` lists for that device ({device type: dtypes};
     a device left out is not served), and no autograd (the ops have no backward: training keeps the
     PyTorch path)."""
-    return (kernels_enabled() and x.dtype in dtypes.get(x.device.type, ()) and not torch.is_grad_enabled()
-            and has_kernel(op, x.device.type))
+    if not (kernels_enabled() and not torch.is_grad_enabled() and has_kernel(op, x.device.type)):
+        return False
+    if x.dtype in dtypes.get(x.device.type, ()):
+        return True
+    if (op, x.device.type, x.dtype) not in _FALLBACKS_LOGGED:  # once per op, device and dtype
+        _FALLBACKS_LOGGED.add((op, x.device.type, x.dtype))
+        logger.info(f"{op}: no {x.device.type} kernel for {x.dtype}; the PyTorch reference computes it")
+    return False
 
 
 def build_info():

@@ -19,7 +19,9 @@ KERNEL_DTYPES = {"cpu": (torch.float32, torch.float64),
 
 def sparse_ffn_decode_reference(x, c1, c2, cb, w1, w2, b2, block_size):
     n, blocks = x.size(0), w1.size(0) // block_size
-    logits = F.linear(F.linear(x, c1), c2, cb).view(n, blocks, block_size)
+    # the controller in float32 at least, as the model's training forward (SparseFFNInput.controller_logits)
+    up = torch.promote_types(x.dtype, torch.float32)
+    logits = F.linear(F.linear(x.to(up), c1.to(up)), c2.to(up), cb.to(up)).view(n, blocks, block_size)
     rows = logits.argmax(-1) + torch.arange(blocks, device=x.device) * block_size  # (n, blocks)
     h = F.relu(torch.bmm(w1.index_select(0, rows.view(-1)).view(n, blocks, -1), x.unsqueeze(-1)).squeeze(-1))
     return torch.bmm(h.unsqueeze(1), w2.index_select(0, rows.view(-1)).view(n, blocks, -1)).squeeze(1) + b2
