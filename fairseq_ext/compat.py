@@ -19,6 +19,7 @@
 """
 import argparse
 import collections
+import os
 import typing
 
 import torch
@@ -76,11 +77,64 @@ def install_checkpoint_safe_globals():
     _SAFE_GLOBALS_DONE = True
 
 
+class CheckpointError(RuntimeError):
+    """A checkpoint file that cannot be loaded, with what is wrong with it."""
+
+
+def checkpoint_error(path, exc):
+    """A CheckpointError saying what is wrong with `path`, after torch.load raised `exc` (never torch's
+    advice to retry with weights_only=False: that would run whatever code the file carries)."""
+    import re
+
+    from .checkpointing import readable_checkpoint
+
+    text = str(exc)
+    wanted = re.search(r"GLOBAL ([\w.]+)", text)
+    if wanted:  # a pickle that names something to import and call
+        return CheckpointError(
+            f"refused to load {path}: unpickling it would import and call {wanted.group(1)}, which no fairseq "
+            f"checkpoint contains (it holds tensors, numbers, strings and containers). fairseq_ext loads "
+            f"checkpoints with weights_only=True and runs no code from a file.")
+    problem = readable_checkpoint(str(path))
+    if problem:
+        return CheckpointError(f"cannot load {path}: it {problem}")
+    return CheckpointError(f"cannot load {path}: {type(exc).__name__}: {text.splitlines()[0] if text else ''}")
+
+
 def load_checkpoint(path):
-    """torch.load of a fairseq checkpoint on CPU, weights_only=True, with the safe globals above."""
+    """torch.load of a fairseq checkpoint on CPU, weights_only=True, with the safe globals above; a file
+    that cannot be loaded raises CheckpointError saying why."""
     install_checkpoint_safe_globals()
     with open(path, "rb") as f:
-        return torch.load(f, map_location="cpu", weights_only=True)
+        try:
+            return torch.load(f, map_location="cpu", weights_only=True)
+        except Exception as e:
+            raise checkpoint_error(path, e) from None
+
+
+def clear_checkpoint_errors():
+    """fairseq's load_checkpoint_to_cpu (fairseq-train resume, fairseq-generate, fairseq-interactive,
+    fairseq-validate) raises CheckpointError with what is wrong with the file instead of torch's errors."""
+    from fairseq import checkpoint_utils
+
+    original = checkpoint_utils.load_checkpoint_to_cpu
+    if getattr(original, "_fairseq_ext", False):
+        return
+
+    def load_checkpoint_to_cpu(path, *args, **kwargs):
+        try:
+            return original(path, *args, **kwargs)
+        except FileNotFoundError:
+            raise
+        except CheckpointError:
+            raise
+        except Exception as e:
+            if not os.path.isfile(str(path)):
+                raise
+            raise checkpoint_error(path, e) from None
+
+    load_checkpoint_to_cpu._fairseq_ext = True
+    checkpoint_utils.load_checkpoint_to_cpu = load_checkpoint_to_cpu
 
 
 def register_model(name, dataclass=None):
@@ -165,3 +219,4 @@ def numpy_compat_long():
 install_checkpoint_safe_globals()
 keep_last_batch()
 numpy_compat_long()
+clear_checkpoint_errors()

@@ -14,17 +14,18 @@ def matrix_archs():
     return ["transformer_tiny"] + [a for a in package_archs() if a.endswith("_tiny")]
 
 
-def parse_args(data_dir, arch, extra=(), save_dir=None):
+def parse_args(data_dir, arch, extra=(), save_dir=None, share_flag=True):
     """fairseq-train's own parser over a CLI-style argument list (what a user types): translation
-    EN-DE, or language modelling on the German side (one sentence per sample) for an LM arch."""
+    EN-DE, or language modelling on the German side (one sentence per sample) for an LM arch.
+    share_flag=False leaves out --share-all-embeddings (what the arch does by itself)."""
     from fairseq import options
 
     if is_lm(arch):
         task = [str(data_dir / "lm-bin"), "--task", "language_modeling", "--tokens-per-sample", "64",
                 "--sample-break-mode", "eos"]
     else:
-        task = [str(data_dir / "bin"), "--task", "translation", "--source-lang", "en", "--target-lang", "de",
-                "--share-all-embeddings"]
+        task = [str(data_dir / "bin"), "--task", "translation", "--source-lang", "en", "--target-lang", "de"]
+        task += ["--share-all-embeddings"] if share_flag else []
     argv = task + [
         "--user-dir", USER_DIR, "--arch", arch, "--cpu",
         "--optimizer", "adam", "--lr", "0.003", "--lr-scheduler", "fixed",
@@ -37,12 +38,12 @@ def parse_args(data_dir, arch, extra=(), save_dir=None):
     return options.parse_args_and_arch(parser, argv + list(extra))
 
 
-def build(data_dir, arch, extra=(), save_dir=None):
+def build(data_dir, arch, extra=(), save_dir=None, share_flag=True):
     """(cfg, task, model, criterion) as fairseq-train builds them."""
     from fairseq import tasks
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
-    args = parse_args(data_dir, arch, extra, save_dir)
+    args = parse_args(data_dir, arch, extra, save_dir, share_flag)
     cfg = convert_namespace_to_omegaconf(args)
     task = tasks.setup_task(cfg.task)
     model = task.build_model(cfg.model)

@@ -92,11 +92,35 @@ def test_crafted_checkpoint_is_refused(tmp_path):
     marker = "/tmp/fairseq_ext_pwned"
     if os.path.exists(marker):
         os.remove(marker)
+    from fairseq_ext.compat import CheckpointError, load_checkpoint
+
     bad = tmp_path / "bad.pt"
     torch.save({"model": {}, "args": _Exploit()}, bad)
-    with pytest.raises(pickle.UnpicklingError):
-        checkpoint_utils.load_checkpoint_to_cpu(str(bad))
+    for load in (checkpoint_utils.load_checkpoint_to_cpu, load_checkpoint):
+        with pytest.raises(CheckpointError, match=f"refused to load {bad}: unpickling it would import and call "
+                                                  f"posix.system") as info:
+            load(str(bad))
+        assert "weights_only=False" not in str(info.value)  # torch's advice would run the file's code
     assert not os.path.exists(marker)
+
+
+@pytest.mark.parametrize("content,problem", [
+    (b"", "is empty (0 bytes)"), (os.urandom(3000), "is truncated or not a torch checkpoint (3,000 bytes"),
+    ("half", "is truncated or not a torch checkpoint")])
+def test_unloadable_checkpoint_says_what_is_wrong(content, problem, tmp_path):
+    import fairseq_ext  # noqa: F401
+    from fairseq import checkpoint_utils
+
+    from fairseq_ext.compat import CheckpointError, load_checkpoint
+
+    path = tmp_path / "checkpoint.pt"
+    if content == "half":
+        torch.save({"model": {"w": torch.randn(300, 300)}}, path)
+        content = path.read_bytes()[:50_000]
+    path.write_bytes(content)
+    for load in (checkpoint_utils.load_checkpoint_to_cpu, load_checkpoint):
+        with pytest.raises(CheckpointError, match=re.escape(f"cannot load {path}: it {problem}")):
+            load(str(path))
 
 
 def test_fast_generate_translates_as_fairseq_generate(trained, tiny_data):

@@ -12,20 +12,23 @@ from fairseq_ext.modules.lsh_attention import MASKED, SELF_SCORE, LSHSelfAttenti
 
 
 def reference(qk, v, buckets, chunk, causal, pad):
-    """Dense O(L^2) version: per round, key j is visible from query i when j's chunk in the sorted order
-    is i's chunk or the one before it (cyclically); rounds combined by their log-sum-exp."""
+    """Dense O(L^2) version: per round, positions are sorted by (bucket, position) with every padded position
+    after every real one; key j is visible from query i when j's chunk in that order is i's chunk or the
+    one before it (the first chunk has none); rounds combined by their log-sum-exp."""
     b, h, length, d = qk.shape
     n = buckets.size(2)
-    chunks = math.ceil(length / chunk)
     pos = torch.arange(length)
     outs, lses = [], []
     for r in range(n):
         rank = torch.empty(b, h, length, dtype=torch.long)
-        order = (buckets[:, :, r] * length + pos).argsort(-1)
+        bk = buckets[:, :, r]
+        if pad is not None:
+            bk = bk.masked_fill(pad.view(b, 1, length), int(buckets.max()) + 1)
+        order = (bk * length + pos).argsort(-1)
         rank.scatter_(2, order, pos.expand(b, h, -1).contiguous())
         c = rank // chunk  # (B, H, L)
         ci, cj = c.unsqueeze(-1), c.unsqueeze(-2)
-        visible = (cj == ci) | (cj == (ci - 1) % chunks)
+        visible = (cj == ci) | (cj == ci - 1)
         scores = qk @ F.normalize(qk, dim=-1).transpose(-1, -2) / math.sqrt(d)
         scores = scores.masked_fill(~visible, float("-inf"))
         if pad is not None:
@@ -58,6 +61,26 @@ def test_chunked_equals_dense_reference(length, chunk, n_hashes, causal, padded)
         pad[1, -3:] = True  # right padding
     out = lsh_attention(qk, v, buckets, chunk, causal, pad)
     torch.testing.assert_close(out, reference(qk, v, buckets, chunk, causal, pad))
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_a_sequence_result_does_not_depend_on_its_padding(causal):
+    """The same sequence alone and inside a longer, left- or right-padded batch row: the same output at its
+    positions (its real positions fill the same chunks: padding sorts after them, no wrap-around)."""
+    torch.manual_seed(4)
+    h, d, length, chunk = 2, 8, 23, 5
+    qk = torch.randn(1, h, length, d, dtype=torch.float64)
+    v = torch.randn(1, h, length, d, dtype=torch.float64)
+    rot = torch.randn(d, 2, 3, dtype=torch.float64)
+    alone = lsh_attention(qk, v, hash_buckets(qk, rot), chunk, causal, None)
+    for left, right in ((9, 0), (0, 13), (4, 7)):
+        qkp = F.pad(qk, (0, 0, left, right), value=0.3)
+        vp = F.pad(v, (0, 0, left, right), value=-2.0)
+        pad = torch.zeros(1, left + length + right, dtype=torch.bool)
+        pad[:, :left] = True
+        pad[:, left + length:] = True
+        out = lsh_attention(qkp, vp, hash_buckets(qkp, rot), chunk, causal, pad)
+        torch.testing.assert_close(out[:, :, left:left + length], alone)
 
 
 def test_causal_lsh_does_not_read_the_future():

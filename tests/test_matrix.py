@@ -304,3 +304,53 @@ def test_half_precision_trainers_reduce_the_loss(arch, mode, tiny_data):
     assert weights == ({torch.float32} if mode == "bf16_autocast" else {torch.float16}), weights
     if mode == "fp16":
         assert all(p.dtype == torch.float32 for p in trainer.optimizer.fp32_params)
+
+
+# every translation arch, and LSH attention with chunks of 5 positions (its chunked path on these sentences)
+BATCH_CASES = [(a, ()) for a in ARCHS if not is_lm(a)] + [("terraformer_lsh_tiny", ("--lsh-chunk", "5"))]
+
+
+@pytest.mark.parametrize("arch,flags", BATCH_CASES, ids=[a + "".join(f) for a, f in BATCH_CASES])
+def test_translation_does_not_depend_on_the_batch(arch, flags, tiny_data):
+    """Each sentence translates to the same tokens alone and inside mixed-length batches, with its source
+    left-padded (fairseq's default) or right-padded. Sentences of the valid set, beam 3."""
+    from fairseq.sequence_generator import SequenceGenerator
+
+    torch.manual_seed(5)
+    _, task, model, _ = build(tiny_data, arch, extra=list(flags))
+    with torch.no_grad():
+        for p in model.decoder.parameters():
+            p.mul_(1.5)  # away from near-ties (random weights give flat distributions)
+    model.eval()
+    ds = task.dataset("valid") if "valid" in task.datasets else (task.load_dataset("valid"), task.dataset("valid"))[1]
+    ids = sorted(range(40), key=lambda i: ds.src_sizes[i])[::5][:7]  # lengths from short to long
+    gen = SequenceGenerator([model], task.target_dictionary, beam_size=3, max_len_b=10)
+
+    def translate(items, left_pad):
+        ds.left_pad_source = left_pad
+        try:
+            sample = ds.collater([ds[i] for i in items])
+        finally:
+            ds.left_pad_source = True
+        with torch.no_grad():
+            hyps = gen.generate([model], sample)
+        return {int(i): h[0]["tokens"].tolist() for i, h in zip(sample["id"], hyps)}
+
+    alone = {}
+    for i in ids:
+        alone.update(translate([i], True))
+    for left_pad in (True, False):
+        together = translate(ids, left_pad)
+        differ = [i for i in ids if together[i] != alone[i]]
+        assert not differ, (f"{'left' if left_pad else 'right'}-padded batch: sentences {differ} translate "
+                            f"differently than alone (source lengths {[int(ds.src_sizes[i]) for i in differ]})")
+
+
+@pytest.mark.parametrize("arch", ARCHS[1:])  # the package's archs (fairseq's transformer_tiny shares on request)
+def test_arch_shares_its_embeddings_by_itself(arch, tiny_data):
+    """Every arch (no --share-all-embeddings given) has one vocabulary-sized matrix: source and target
+    embeddings and the output projection are the same parameter (joined dictionary), as README says."""
+    _, task, model, _ = build(tiny_data, arch, share_flag=False)
+    vocab = len(task.target_dictionary)
+    matrices = [n for n, p in model.named_parameters() if p.dim() == 2 and vocab in p.shape]
+    assert len(matrices) == 1, f"{arch}: {len(matrices)} vocabulary-sized matrices: {matrices}"

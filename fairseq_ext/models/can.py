@@ -163,7 +163,9 @@ def can_defaults(args):
 
 @register_model_architecture("can", "can_decoder")
 def can_decoder(args):
-    """The paper's CAN: 12 encoder / 2 CAN decoder layers, base dims, pre-norm, d_v = 2048, dropout 0.1."""
+    """The paper's CAN: 12 encoder / 2 CAN decoder layers, base dims, pre-norm, d_v = 2048, dropout 0.1,
+    shared embeddings (joined dictionary, as the paper's WMT setup and every arch here)."""
+    args.share_all_embeddings = getattr(args, "share_all_embeddings", True)
     deep_shallow_prenorm(args)
     base_architecture(args)
     can_defaults(args)
@@ -171,7 +173,8 @@ def can_decoder(args):
 
 @register_model_architecture("can", "can_decoder_big")
 def can_decoder_big(args):
-    """CAN at Big dims (1024 / 4096 / 16 heads, d_v = 4096), 12 / 2 layers, pre-norm."""
+    """CAN at Big dims (1024 / 4096 / 16 heads, d_v = 4096), 12 / 2 layers, pre-norm, shared embeddings."""
+    args.share_all_embeddings = getattr(args, "share_all_embeddings", True)
     deep_shallow_prenorm(args)
     transformer_wmt_en_de_big(args)
     can_defaults(args)

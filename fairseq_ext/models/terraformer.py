@@ -297,6 +297,7 @@ def terraformer_defaults(args):
         if getattr(args, name, None) is None:
             setattr(args, name, default)
     args.no_reversible = getattr(args, "no_reversible", False)
+    args.share_all_embeddings = getattr(args, "share_all_embeddings", True)  # one embedding matrix (joined dict)
     sparse_defaults(args)
     base_architecture(args)
     for side in ("source", "target"):

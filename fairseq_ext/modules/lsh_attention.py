@@ -4,8 +4,9 @@
 Shared query/key: one projection qk; keys are the unit-normalised qk (Reformer §2 "shared-QK").
 Hashing (Reformer Eq. 3 / §2 "LSH"): h(x) = argmax([xR; −xR]) with a random rotation R of d_h × b/2 per
 hash round, b buckets. Per round, positions are sorted by (bucket, position) and cut in chunks of c;
-each chunk attends to itself and the chunk before it (Reformer Fig. 2; trax: one chunk back, wrapping
-around). A position attends to itself only when nothing else is allowed (score −1e5, trax's mask_self);
+each chunk attends to itself and the chunk before it (Reformer Fig. 2; trax wraps around, the first chunk
+looking at the last: here the first chunk has none, so that a sequence's result does not depend on the
+padding its batch gives it — padded positions are sorted after every real one). A position attends to itself only when nothing else is allowed (score −1e5, trax's mask_self);
 causal: later keys masked; padded keys masked. Rounds are combined by their log-sum-exp weights
 (Reformer §2 "multi-round LSH": softmax over the rounds' normalisers). Memory and time are O(n·L·2c)
 instead of O(L²) (n rounds).
@@ -16,7 +17,8 @@ Short inputs (L ≤ c: one chunk) take full attention with the same parameters a
 Incremental decoding: the first call (the concatenated prefix) is a full forward that also caches keys,
 values and each position's buckets; a later position attends to the cached positions that share a bucket
 with it in any round (the limit of the chunked approximation, which is what Reformer decodes with), or to
-all of them while the sequence is at most one chunk long (the full-attention fallback).
+all of them while the sequence (its own length, not its batch's) is at most one chunk long (the
+full-attention fallback).
 """
 import math
 from typing import Dict, Optional
@@ -82,7 +84,10 @@ def lsh_attention(qk: Tensor, v: Tensor, buckets: Tensor, chunk: int, causal: bo
     key_pad[:, length:] = True
     if extra:
         qk, v = F.pad(qk, (0, 0, 0, extra)), F.pad(v, (0, 0, 0, extra))
-        buckets = F.pad(buckets, (0, extra), value=int(buckets.max()) + 1)  # sorted after every real bucket
+        buckets = F.pad(buckets, (0, extra))
+    # every padded position (the sequence's padding and the whole-chunk filler) after every real one: a
+    # sentence's real positions fill the same chunks whatever padding its batch gives it
+    buckets = buckets.masked_fill(key_pad.view(b, 1, 1, -1), int(buckets.max()) + 1)
     total = length + extra
     order = (buckets * total + pos).argsort(dim=-1)  # (B, H, n, L'): by bucket, then position
     chunks = total // chunk
@@ -100,6 +105,7 @@ def lsh_attention(qk: Tensor, v: Tensor, buckets: Tensor, chunk: int, causal: bo
     spos = order.view(b, h, n, chunks, chunk)
     kpos = look_back(spos)
     kpad = look_back(key_pad.view(b, 1, 1, total).expand(-1, h, n, -1).gather(3, order).view(b, h, n, chunks, chunk))
+    kpad[..., 0, :chunk] = True  # the first chunk has no chunk before it (no wrap-around to the last one)
     scores = _float(torch.matmul(sq, sk.transpose(-1, -2)) / math.sqrt(d))  # (B, H, n, C, c, 2c)
     scores = _scores_masks(scores, spos, kpos, kpad, causal)
     lse = torch.logsumexp(scores, dim=-1, keepdim=True)
@@ -178,8 +184,11 @@ class LSHSelfAttention(nn.Module):
             k_pos = torch.arange(length, device=qk.device)
             buckets = torch.cat([state["buckets"], self._buckets(qk)], dim=3)  # (B, H, n, L)
             allowed = None
-            if length > self.chunk:  # the cached positions sharing a bucket with this one in some round
+            if length > self.chunk:  # the cached positions sharing a bucket with this one in some round, in
+                # the rows whose own (unpadded) length exceeds a chunk; the others attend to all positions
                 allowed = (buckets == buckets[..., -1:]).any(dim=2).unsqueeze(2)  # (B, H, 1, L)
+                short = (~pad).sum(dim=1) <= self.chunk  # (B,)
+                allowed = allowed | short.view(b, 1, 1, 1)
             out = self._full(qk, k, vv, k_pos[-1:], k_pos, pad, allowed)
             state.update(k=k, v=vv, pad=pad, buckets=buckets)
         else:
