@@ -5,7 +5,8 @@
 
 `run` carries out the protocol of docs/results/README.md in OUT, resumable at any point: a finished run
 is skipped, an interrupted one resumes from its checkpoint_last.pt (exact: fairseq_ext/checkpointing.py),
-so the study can be carried across sittings and machines. Each run trains one epoch per fairseq-train call
+so the study can be carried across sittings and machines. Several `run` processes may share OUT (e.g. one
+per core with OMP_NUM_THREADS=1): each claims a different run (a lock file in its folder). Each run trains one epoch per fairseq-train call
 (examples/train.sh) until its convergence rule holds, then averages its last epoch checkpoints, measures
 the averaged model's valid loss (fairseq-validate) and translates the test set (examples/evaluate.sh,
 beam 5, sacrebleu). Its result, one JSON file, goes to OUT/results/NAME.json and, for the paper protocol,
@@ -326,6 +327,7 @@ class Study:
             "train_seconds": round(float(open(os.path.join(save, "train_seconds")).read()))
             if os.path.exists(os.path.join(save, "train_seconds")) else None,
             "precision": self.meta["precision"]["precision"], "cpu": self.meta["precision"].get("cpu"),
+            "threads": int(os.environ.get("OMP_NUM_THREADS", 0)) or os.cpu_count(),
             "git": git_rev(), "finished": time.strftime("%Y-%m-%d %H:%M"),
         }
         for path in [os.path.join(self.results, name + ".json")] + (
@@ -342,6 +344,34 @@ class Study:
             f"({result['epochs']} epochs, {stop})")
         return result
 
+    def claim(self, name):
+        """Take run `name` for this process (several `run` processes can share OUT, each training other
+        runs): an exclusive lock file with our pid; a lock whose process is gone is taken over."""
+        folder = os.path.join(self.out, "runs", name)
+        os.makedirs(folder, exist_ok=True)
+        lock = os.path.join(folder, "lock")
+        for _ in range(2):
+            try:
+                fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            except FileExistsError:
+                try:
+                    pid = int(open(lock).read().strip() or 0)
+                    os.kill(pid, 0)
+                    return False  # another live process trains it
+                except (ValueError, ProcessLookupError, PermissionError, FileNotFoundError):
+                    if os.path.exists(lock):
+                        os.remove(lock)  # stale: its process is gone
+                    continue
+            with os.fdopen(fd, "w") as f:
+                f.write(str(os.getpid()))
+            return True
+        return False
+
+    def release(self, name):
+        lock = os.path.join(self.out, "runs", name, "lock")
+        if os.path.exists(lock) and open(lock).read().strip() == str(os.getpid()):
+            os.remove(lock)
+
     def run(self, max_runs=None):
         self.setup()
         done = 0
@@ -353,9 +383,17 @@ class Study:
             if max_runs is not None and done >= max_runs:
                 log(f"stopping after {done} runs (--max-runs); {len(todo)} planned runs remain")
                 return
-            config, lr, seed, why = todo[0]
-            log(f"run {run_name(config, lr, seed)} ({why}); {len(todo) - 1} more planned after it")
-            self.do_run(config, lr, seed)
+            mine = next((r for r in todo if self.claim(run_name(*r[:3]))), None)
+            if mine is None:  # every planned run is being trained by another process: wait for one
+                time.sleep(60)
+                continue
+            config, lr, seed, why = mine
+            name = run_name(config, lr, seed)
+            log(f"run {name} ({why}); {len(todo) - 1} more planned")
+            try:
+                self.do_run(config, lr, seed)
+            finally:
+                self.release(name)
             done += 1
 
 
