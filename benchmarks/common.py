@@ -27,6 +27,17 @@ def set_threads(n):
     return n
 
 
+def small_dims():
+    """SMALL_DIMS and SMALL_FFN of examples/small_dims.sh (the recipes' one definition of the small model:
+    4+2 layers, d 256, 4 heads, pre-norm), as flag strings."""
+    import subprocess
+
+    path = os.path.join(REPO, "examples", "small_dims.sh")
+    out = subprocess.run(["bash", "-c", 'source "$0"; echo "${SMALL_DIMS[*]}"; echo "${SMALL_FFN[*]}"', path],
+                         check=True, capture_output=True, text=True).stdout.splitlines()
+    return out[0], out[1]
+
+
 def registered_archs():
     import fairseq_ext  # noqa: F401  (registers this package's archs)
     from fairseq.models import ARCH_MODEL_REGISTRY

@@ -8,25 +8,17 @@ docs/benchmarks/<preset>.{json,md,png}. --quick: 2 rounds, short sequences, same
 """
 import argparse
 import os
-import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
 import decode_speed  # noqa: E402
+import train_precision  # noqa: E402
 import train_speed  # noqa: E402
 
 
-def _small_dims():
-    """SMALL_DIMS and SMALL_FFN of examples/small_dims.sh (the recipes' one definition of the small model:
-    4+2 layers, d 256, 4 heads, pre-norm), as flag strings."""
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples", "small_dims.sh")
-    out = subprocess.run(["bash", "-c", 'source "$0"; echo "${SMALL_DIMS[*]}"; echo "${SMALL_FFN[*]}"', path],
-                         check=True, capture_output=True, text=True).stdout.splitlines()
-    return out[0], out[1]
-
-
 # the Scaling Transformer recipe's models (examples/scaling_sparse/train.sh) at the small dims, 8k vocabulary
-SMALL, SMALL_FFN = _small_dims()
+SMALL, SMALL_FFN = common.small_dims()
 DENSE_SMALL = f"dense=transformer@{SMALL} {SMALL_FFN}"
 SMALL_SPARSE = [f"sparse_ff=scaling_sparse_ff@{SMALL} {SMALL_FFN} --sparse-ffn-block-size 64",
                 f"sparse_ff_n128=scaling_sparse_ff@{SMALL} {SMALL_FFN} --sparse-ffn-block-size 128",
@@ -94,6 +86,9 @@ PRESETS = {
                                  ["terraformer_base", "terraformer_base@--lsh-attention both --sparse-qkv-modules 0",
                                   "terraformer_base@--lsh-attention both --sparse-qkv-modules 0 --no-reversible",
                                   "transformer"], ["--len", "256", "--tokens", "2048", "--repeats", "1", "--warmup", "0"]),
+    # fp32 vs bf16 autocast training (fairseq-train --bf16 on CPU) of the baseline and each main architecture at
+    # the recipes' small dims, through fairseq's Trainer on real batches
+    "train_precision": (train_precision, train_precision.MODELS[0], train_precision.MODELS[1:], []),
     # Terraformer decoding vs Transformer Big and the Scaling Transformer (paper §4.4: 0.086 s vs 0.061 s
     # per token for Terraformer vs the sparse Transformer), unbatched greedy decoding
     "decode_terraformer": (decode_speed, "transformer_wmt_en_de_big", ["scaling_sparse", "terraformer"],

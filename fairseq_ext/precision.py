@@ -105,7 +105,10 @@ def _standard_log_probs(model):
 
 
 def _unwrap(model):
-    while hasattr(model, "module") and not hasattr(model, "decoder"):
+    """The fairseq model inside data-parallel wrappers (which forward attribute access to it)."""
+    from fairseq.models import BaseFairseqModel
+
+    while not isinstance(model, BaseFairseqModel) and hasattr(model, "module"):
         model = model.module
     return model
 

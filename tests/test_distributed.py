@@ -1,5 +1,6 @@
 """fairseq's own data-parallel training (legacy_ddp over gloo, one process per rank) with the plugin:
-2 ranks x 1 batch per update must give the same model as 1 process x --update-freq 2.
+2 ranks x 1 batch per update must give the same model as 1 process x --update-freq 2 (fp32, and bf16
+autocast within a stated tolerance).
 
 Rank r of 2 takes batches r, r+2, ... of the epoch; one process with --update-freq 2 groups batches
 (0, 1), (2, 3), ... into one update, so both see the same batches per update, and fairseq normalises
@@ -32,17 +33,21 @@ def _common(data, save, arch):
 
 # the baseline, a model with a shared (tied) FFN, the CAN decoder on a shared-FFN encoder, and the
 # Terraformer's reversible layers (dense: the sparse FFN's Gumbel noise differs between 1 and 2 ranks)
-@pytest.mark.parametrize("arch", ["transformer_balanced_tiny", "one_wide_ffn_shared_enc_dec_tiny", "can_decoder_ffn_tiny",
-                                  "terraformer_dense_tiny"])
-def test_two_gloo_ranks_equal_one_process_with_update_freq_2(arch, tiny_data, tmp_path):
+# ... and the baseline trained with bf16 autocast (--bf16 on CPU) over gloo
+CASES = [(a, []) for a in ["transformer_balanced_tiny", "one_wide_ffn_shared_enc_dec_tiny", "can_decoder_ffn_tiny",
+                           "terraformer_dense_tiny"]] + [("transformer_balanced_tiny", ["--bf16"])]
+
+
+@pytest.mark.parametrize("arch,extra", CASES, ids=[a + "".join(e) for a, e in CASES])
+def test_two_gloo_ranks_equal_one_process_with_update_freq_2(arch, extra, tiny_data, tmp_path):
     single = tmp_path / "single"
-    run(["fairseq-train", *_common(tiny_data, single, arch), "--update-freq", "2"], OMP_NUM_THREADS="1")
+    run(["fairseq-train", *_common(tiny_data, single, arch), *extra, "--update-freq", "2"], OMP_NUM_THREADS="1")
 
     ddp = tmp_path / "ddp"
     port = _free_port()
     procs = [
         subprocess.Popen(
-            ["fairseq-train", *_common(tiny_data, ddp, arch), "--distributed-world-size", "2",
+            ["fairseq-train", *_common(tiny_data, ddp, arch), *extra, "--distributed-world-size", "2",
              "--distributed-rank", str(rank), "--distributed-no-spawn", "--distributed-backend", "gloo",
              "--distributed-init-method", f"tcp://127.0.0.1:{port}", "--device-id", str(rank)],
             cwd=REPO, env=clean_env(OMP_NUM_THREADS="1"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -53,6 +58,8 @@ def test_two_gloo_ranks_equal_one_process_with_update_freq_2(arch, tiny_data, tm
     for p, out in zip(procs, outs):
         assert p.returncode == 0, out[-4000:]
     assert "distributed init (rank 1)" in outs[1] or "distributed init (rank 1)" in outs[0], outs[0][-3000:]
+    if extra:
+        assert "bf16 on CPU" in outs[0] + outs[1], outs[0][-3000:]  # the master rank logs it
 
     from fairseq_ext.compat import load_checkpoint
 
@@ -61,6 +68,11 @@ def test_two_gloo_ranks_equal_one_process_with_update_freq_2(arch, tiny_data, tm
     assert a["optimizer_history"][-1]["num_updates"] == b["optimizer_history"][-1]["num_updates"] == 4
     worst = max((a["model"][k] - b["model"][k]).abs().max().item() for k in a["model"])
     print("max |single - ddp| =", worst)
-    assert worst < 1e-5, f"2-rank DDP differs from 1 process with --update-freq 2 by {worst}"
+    # fp32: the same model to float summation order. bf16 autocast: the all-reduce and the local accumulation
+    # sum the same bf16-rounded gradients in another order, and Adam's normalisation magnifies the last-bit
+    # differences of near-zero gradients into steps of size ~lr: within a quarter of one step (lr 1e-3) of
+    # each other after 4 updates (a wrapped model that lost the fused loss differed by 3.4e-3)
+    tol = 2.5e-4 * 4 if extra else 1e-5
+    assert worst < tol, f"2-rank DDP differs from 1 process with --update-freq 2 by {worst}"
     moved = max((a["model"][k].float().abs().max().item()) for k in a["model"])
     assert moved > 0

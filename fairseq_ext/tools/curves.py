@@ -16,10 +16,12 @@ import statistics
 from .train_log import parse_train_log
 
 
-def parse_log(path):
+def parse_log(path, max_updates=None):
     log = parse_train_log(path)
     points = []
     for v in log["valid"]:
+        if max_updates is not None and v["num_updates"] > max_updates:
+            break
         seconds = sum(t.get("train_wall", 0.0) for t in log["train"] if t["num_updates"] <= v["num_updates"])
         points.append({"updates": int(v["num_updates"]), "seconds": seconds, "loss": v["loss"]})
     wps = [t["wps"] for t in log["train"] if "wps" in t]
@@ -36,6 +38,21 @@ def table(runs):
         first = first if first is not None else tps
         rows.append(f"| {name} | {r['params'] / 1e6:.2f}M | {last['loss']:.3f} | {last['updates']} | "
                     f"{tps:.0f} | {tps / first:.2f} |" if last and tps and r["params"] else f"| {name} | - | - | - | - | - |")
+    return "\n".join(rows)
+
+
+def differences(runs):
+    """Valid loss of every run relative to the first one's at the validations they share (updates)."""
+    names = list(runs)
+    if len(names) < 2:
+        return ""
+    first = {p["updates"]: p["loss"] for p in runs[names[0]]["points"]}
+    rows = ["", "", f"| updates | {names[0]} | " + " | ".join(f"{n} (vs {names[0]})" for n in names[1:]) + " |",
+            "|---|---|" + "---|" * (len(names) - 1)]
+    for u in sorted(first):
+        others = [{p["updates"]: p["loss"] for p in runs[n]["points"]}.get(u) for n in names[1:]]
+        rows.append(f"| {u} | {first[u]:.3f} | " + " | ".join(
+            "-" if o is None else f"{o:.3f} ({100 * (o - first[u]) / first[u]:+.2f}%)" for o in others) + " |")
     return "\n".join(rows)
 
 
@@ -71,16 +88,17 @@ def main(argv=None):
     p.add_argument("runs", nargs="+", metavar="NAME=LOG")
     p.add_argument("--out", required=True, help="output prefix (.png, .json, .md)")
     p.add_argument("--title")
+    p.add_argument("--max-updates", type=int, help="only the validations up to this many updates")
     a = p.parse_args(argv)
     runs = {}
     for spec in a.runs:
         if "=" not in spec:
             p.error(f"{spec}: expected NAME=path/to/train.log")
         name, path = spec.split("=", 1)
-        runs[name] = parse_log(path)
+        runs[name] = parse_log(path, a.max_updates)
         if not runs[name]["points"]:
             p.error(f"{path}: no validation lines (train longer than --validate-interval-updates)")
-    md = (a.title + "\n\n" if a.title else "") + table(runs)
+    md = (a.title + "\n\n" if a.title else "") + table(runs) + differences(runs)
     with open(a.out + ".md", "w") as f:
         f.write(md + "\n")
     with open(a.out + ".json", "w") as f:
