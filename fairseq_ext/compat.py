@@ -151,15 +151,30 @@ def register_model(name, dataclass=None):
 
 
 def register_model_architecture(model_name, arch_name):
-    """fairseq's register_model_architecture, idempotent for a re-import of the same function."""
-    from fairseq.models import ARCH_MODEL_REGISTRY, ARCH_CONFIG_REGISTRY
+    """fairseq's register_model_architecture, idempotent for a re-import of the same function. The
+    registered function (what fairseq calls for --arch) also checks the numeric flags once the arch has set
+    its defaults (models/common.py check_flags, with the family module's FLAG_RANGES); the module keeps
+    the plain function, which other arch functions call."""
+    import functools
+    import sys
+
+    from fairseq.models import ARCH_CONFIG_REGISTRY
     from fairseq.models import register_model_architecture as fairseq_register_arch
 
     def wrapper(fn):
         existing = ARCH_CONFIG_REGISTRY.get(arch_name)
         if existing is not None and _same_class(existing, fn):
-            return existing
-        return fairseq_register_arch(model_name, arch_name)(fn)
+            return fn
+
+        @functools.wraps(fn)
+        def checked(args):
+            from .models.common import check_flags
+
+            fn(args)
+            check_flags(args, getattr(sys.modules.get(fn.__module__), "FLAG_RANGES", {}), arch_name)
+
+        fairseq_register_arch(model_name, arch_name)(checked)
+        return fn
 
     return wrapper
 
@@ -216,7 +231,32 @@ def numpy_compat_long():
         np.compat = types.SimpleNamespace(long=int)
 
 
+def alignment_needs_source_attention():
+    """--print-alignment (fairseq's SequenceGeneratorWithAlignment) reads the decoder's attention over
+    source positions; a model class without one says why in `no_alignment` and the generator refuses it
+    when built, naming the flag (fairseq itself fails with an IndexError after the first batch)."""
+    from fairseq import sequence_generator
+
+    cls = sequence_generator.SequenceGeneratorWithAlignment
+    if getattr(cls.__init__, "_fairseq_ext_checked", False):
+        return
+    original = cls.__init__
+
+    def __init__(self, models, *args, **kwargs):
+        for m in models:
+            for inner in getattr(m, "models", [m]):
+                why = getattr(inner, "no_alignment", None)
+                if why:
+                    raise ValueError(f"--print-alignment: {type(inner).__name__} {why}; decode without "
+                                     f"--print-alignment")
+        original(self, models, *args, **kwargs)
+
+    __init__._fairseq_ext_checked = True
+    cls.__init__ = __init__
+
+
 install_checkpoint_safe_globals()
+alignment_needs_source_attention()
 keep_last_batch()
 numpy_compat_long()
 clear_checkpoint_errors()

@@ -59,6 +59,32 @@ def test_average_checkpoints_then_generate(trained, tiny_data, tmp_path):
     assert "BLEU" in _generate(tiny_data, avg)
 
 
+def test_average_checkpoints_refuses_bad_input(trained, tmp_path, capsys):
+    """Bad counts are refused before anything is read; checkpoints of different models are named with
+    the parameter that differs; nothing is written at --output in either case."""
+    from fairseq_ext.compat import install_checkpoint_safe_globals, load_checkpoint
+    from fairseq_ext.tools.average_checkpoints import main
+
+    save, _, _ = trained
+    out = tmp_path / "avg.pt"
+    for flags, expect in ((["--num-update-checkpoints", "-2"], "--num-update-checkpoints -2: must be >= 1"),
+                          (["--num-epoch-checkpoints", "0"], "--num-epoch-checkpoints 0: must be >= 1")):
+        with pytest.raises(SystemExit):
+            main(["--inputs", str(save), *flags, "--output", str(out)])
+        assert expect in capsys.readouterr().err
+    state = load_checkpoint(save / "checkpoint_last.pt")
+    name = next(k for k, v in state["model"].items() if v.dim() == 2)
+    state["model"][name] = state["model"][name][:, :-1].clone()
+    install_checkpoint_safe_globals()
+    torch.save(state, tmp_path / "other.pt")
+    with pytest.raises(SystemExit, match=f"parameter {re.escape(name)} has shape"):
+        main(["--inputs", str(save / "checkpoint_last.pt"), str(tmp_path / "other.pt"), "--output", str(out)])
+    (tmp_path / "empty.pt").write_bytes(b"")
+    with pytest.raises(SystemExit, match="empty"):
+        main(["--inputs", str(save / "checkpoint_last.pt"), str(tmp_path / "empty.pt"), "--output", str(out)])
+    assert not out.exists()
+
+
 def _update_checkpoints(save):
     found = [re.fullmatch(r"checkpoint_(\d+)_(\d+)\.pt", f) for f in os.listdir(save)]
     return sorted(((int(m.group(1)), int(m.group(2))) for m in found if m), key=lambda x: x[1])

@@ -346,6 +346,45 @@ def test_translation_does_not_depend_on_the_batch(arch, flags, tiny_data):
                             f"differently than alone (source lengths {[int(ds.src_sizes[i]) for i in differ]})")
 
 
+@pytest.mark.parametrize("arch", [a for a in ARCHS if not is_lm(a)])
+def test_print_alignment_aligns_or_is_refused(arch, tiny_data):
+    """--print-alignment through the translation task's generator: a hard alignment of every hypothesis
+    token to a real (non-padding) source position, or, for an arch without source attention, a
+    ValueError naming the flag when the generator is built. Translations are those of decoding without it."""
+    from fairseq.sequence_generator import SequenceGenerator, SequenceGeneratorWithAlignment
+
+    from omegaconf import open_dict
+
+    cfg, task, model, _ = build(tiny_data, arch)
+    with open_dict(cfg):
+        cfg.generation.print_alignment, cfg.generation.beam = "hard", 2  # fairseq-generate --print-alignment
+    model.eval()
+    model.prepare_for_inference_(cfg)  # as fairseq-generate does
+    why = getattr(model, "no_alignment", None)
+    if why:
+        with pytest.raises(ValueError, match="--print-alignment: .* decode without --print-alignment"):
+            task.build_generator([model], cfg.generation)
+        return
+    gen = task.build_generator([model], cfg.generation)
+    assert isinstance(gen, SequenceGeneratorWithAlignment)
+    sample = fixed_batch(task)
+    with torch.no_grad():
+        hyps = gen.generate([model], sample)
+    pad = task.source_dictionary.pad()
+    for row, h in enumerate(hyps):
+        n_src = int(sample["net_input"]["src_tokens"][row].ne(pad).sum())
+        n_tgt = int(h[0]["tokens"].ne(task.target_dictionary.eos()).sum())
+        align = h[0]["alignment"]  # (source word, target word) pairs, one per target token
+        assert len(align) == n_tgt > 0, f"{arch}: {len(align)} alignment pairs for {n_tgt} target tokens"
+        assert all(0 <= s < n_src for s, _ in align), align
+    for m in model.modules():  # decode again without alignments: the same translations
+        if hasattr(m, "need_attn"):
+            m.need_attn = False
+    with torch.no_grad():
+        plain = SequenceGenerator([model], task.target_dictionary, beam_size=2).generate([model], sample)
+    assert [h[0]["tokens"].tolist() for h in hyps] == [h[0]["tokens"].tolist() for h in plain]
+
+
 @pytest.mark.parametrize("arch", ARCHS[1:])  # the package's archs (fairseq's transformer_tiny shares on request)
 def test_arch_shares_its_embeddings_by_itself(arch, tiny_data):
     """Every arch (no --share-all-embeddings given) has one vocabulary-sized matrix: source and target
@@ -354,3 +393,66 @@ def test_arch_shares_its_embeddings_by_itself(arch, tiny_data):
     vocab = len(task.target_dictionary)
     matrices = [n for n, p in model.named_parameters() if p.dim() == 2 and vocab in p.shape]
     assert len(matrices) == 1, f"{arch}: {len(matrices)} vocabulary-sized matrices: {matrices}"
+
+
+# ---- every numeric flag is validated at build time: cases generated from the package's argparse definitions
+
+def _numeric_flag_cases():
+    """(tiny arch, flag, argparse type, Range) for every numeric flag a family adds to fairseq's base model
+    (its add_args minus the base class's) and, on one arch, fairseq's Transformer dims (COMMON_RANGES)."""
+    import argparse
+    import sys
+
+    import fairseq_ext  # noqa: F401
+    from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
+    from fairseq.models.transformer import TransformerModel
+    from fairseq.models.transformer_lm import TransformerLanguageModel
+
+    from fairseq_ext.models.common import COMMON_RANGES
+
+    def numeric(cls):
+        p = argparse.ArgumentParser()
+        cls.add_args(p)
+        return {a.dest: a for a in p._actions if a.type in (int, float)}
+
+    cases, seen = [], set()
+    for arch in ARCHS[1:]:
+        cls = ARCH_MODEL_REGISTRY[arch]
+        if cls in seen:
+            continue
+        seen.add(cls)
+        base = TransformerLanguageModel if issubclass(cls, TransformerLanguageModel) else TransformerModel
+        ranges = getattr(sys.modules[ARCH_CONFIG_REGISTRY[arch].__module__], "FLAG_RANGES", {})
+        for dest, action in numeric(cls).items():
+            if dest not in numeric(base):
+                cases.append((arch, action.option_strings[0], action.type, ranges.get(dest)))
+    for dest, action in numeric(TransformerModel).items():
+        if dest in COMMON_RANGES:
+            cases.append(("transformer_balanced_tiny", action.option_strings[0], action.type, COMMON_RANGES[dest]))
+    return cases
+
+
+FLAG_CASES = [pytest.param(arch, flag, typ, rng, value, id=f"{arch}:{flag}={value}")
+              for arch, flag, typ, rng in _numeric_flag_cases() for value in ("0", "-1", "nan", "inf")]
+
+
+@pytest.mark.parametrize("arch,flag,typ,rng,value", FLAG_CASES)
+def test_every_numeric_flag_is_checked_at_build_time(arch, flag, typ, rng, value, tiny_data, capsys):
+    """0, -1, nan and inf for every numeric flag: a clear error naming the flag and the value, or a documented
+    meaning (a Range's special values: the build may then still fail, with a clear error)."""
+    assert rng is not None, f"{flag} ({arch}) has no documented range: add it to its family's FLAG_RANGES"
+    if typ is int and value in ("nan", "inf"):  # argparse refuses these for an int flag, naming the flag
+        with pytest.raises(SystemExit):
+            build(tiny_data, arch, extra=[flag, value])
+        assert f"argument {flag}" in capsys.readouterr().err
+        return
+    parsed = typ(value)
+    if rng.valid(parsed):  # a documented meaning, or in range: builds, or refuses with a clear error
+        try:
+            build(tiny_data, arch, extra=[flag, value])
+        except ValueError as e:
+            assert str(e).startswith("--"), f"{flag} {value}: unclear error {e!r}"
+        return
+    with pytest.raises(ValueError) as info:
+        build(tiny_data, arch, extra=[flag, value])
+    assert f"{flag} {parsed}" in str(info.value), f"the error does not name {flag} {parsed}: {info.value}"

@@ -121,3 +121,38 @@ def test_prefix_lm_equals_one_stack_over_source_and_target():
             x = layer(x, attn_mask=mask)
         one_stack = dec.output_layer(dec.layer_norm(x[s:]).transpose(0, 1))
     assert (split - one_stack).abs().max().item() < 1e-5
+
+
+def _readme_sharing_rows():
+    """The flag settings of README's One Wide FFN table (each `a` / `b` alternative; D and M filled in)."""
+    import os
+    import re
+
+    text = open(os.path.join(os.path.dirname(__file__), "..", "README.md"), encoding="utf-8").read()
+    table = text.split("### One Wide FFN flags", 1)[1].split("\n\n", 2)[1]
+    rows = []
+    for line in table.splitlines()[2:]:
+        name, flags = [c.strip() for c in line.strip("|").split("|")[:2]]
+        for alt in re.findall(r"`([^`]+)`", flags):
+            alt = alt.replace("\\|", "|").replace(" D", " 2048").replace(" M", " 2")
+            alt = re.sub(r"(\w+)\|\S+", r"\1", alt)  # sequence|cycle|cycle_rev -> sequence
+            for side in ("encoder", "decoder"):  # a width is a shared FFN's: with its side shared
+                if f"--{side}-shared-ffn-dim" in alt and f"--{side}-ffn-sharing" not in alt:
+                    alt = f"--{side}-ffn-sharing shared " + alt
+            rows.append((name, alt.split()))
+    return rows
+
+
+@pytest.mark.parametrize("arch", ["one_wide_ffn", "one_wide_ffn_tiny", "one_wide_ffn_big"])
+def test_readme_sharing_settings_build_on_every_one_wide_arch(arch):
+    """Each setting of README's table works on top of the archs' own defaults (an arch's d_ff' never
+    makes --encoder-ffn-sharing none fail)."""
+    rows = _readme_sharing_rows()
+    assert len(rows) >= 10, rows
+    for name, flags in rows:
+        if "--encoder-num-shared-ffns" in flags and arch == "one_wide_ffn_tiny":
+            flags = [f if f != "cycle_rev" else "cycle" for f in flags]
+        try:
+            build_model(arch, 1000, flags)
+        except ValueError as e:
+            raise AssertionError(f"{arch} with README's '{name}' setting {' '.join(flags)}: {e}") from None

@@ -263,3 +263,14 @@ def test_decode_roofline_counts_only_gathered_rows():
     fc1.mode = "dense"
     dense = bytes_per_step(model, 1, 1, 20, 20)
     assert dense - sparse == 4 * 2 * (4096 - 64) * 1024  # 64 of 4,096 rows of W1 and W2 (fp32)
+
+
+def test_block_size_message_suggests_distinct_widths():
+    """N not dividing the width: the hint names the multiples of N either side of it, each once."""
+    from fairseq_ext.modules.sparse_feedforward import check_block_size
+
+    with pytest.raises(ValueError, match=r"\(e\.g\. 128\)") as small:
+        check_block_size(100, 128)
+    assert "128 or 128" not in str(small.value)
+    with pytest.raises(ValueError, match=r"\(e\.g\. 256 or 320\)"):
+        check_block_size(300, 64)

@@ -133,9 +133,19 @@ class OwnStepEnsembleModel(EnsembleModel):
 def quantize_decoder_int8(model):
     """torch's dynamic int8 quantization of the decoder's Linear layers, in place: int8 weights (per
     tensor), activations quantized on the fly each step. The encoder (run once per sentence) stays fp32."""
+    linears = [m for m in model.decoder.modules() if type(m) is nn.Linear]
+    quantized = {id(m.weight) for m in linears}
+    params = {id(p): p.numel() for p in model.decoder.parameters()}
+    share = sum(n for i, n in params.items() if i in quantized) / max(1, sum(params.values()))
     with warnings.catch_warnings():  # torch.ao.quantization is deprecated in favour of torchao (not a dependency)
         warnings.simplefilter("ignore")
         torch.ao.quantization.quantize_dynamic(model.decoder, {nn.Linear}, dtype=torch.qint8, inplace=True)
+    # say what was quantized: layers that are not nn.Linear (sparse FFN blocks, multiplicative dense,
+    # convolutions, embeddings not tied to an output Linear) stay fp32
+    logger.info(f"--int8: {len(linears)} Linear layers of the decoder quantized, {share:.0%} of its weights; "
+                f"the rest stays fp32")
+    if not linears:
+        logger.warning("--int8: this decoder has no nn.Linear layer; nothing was quantized")
     return model
 
 

@@ -40,5 +40,5 @@ def transformer_balanced_tiny(args):
 
 # Bad flags the shared test matrix checks (arch, flags, text the build-time error must contain).
 BAD_FLAGS = [
-    ("transformer_balanced_tiny", ["--encoder-attention-heads", "5"], "divisible by num_heads"),
+    ("transformer_balanced_tiny", ["--encoder-attention-heads", "5"], "must be divisible by --encoder-attention-heads 5"),
 ]

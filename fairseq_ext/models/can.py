@@ -23,8 +23,11 @@ from torch import Tensor, nn
 
 from ..compat import register_model, register_model_architecture
 from ..modules.compressed_attention import CompressedAttention
-from .common import deep_shallow_prenorm, tiny_dims
+from .common import DIM, deep_shallow_prenorm, tiny_dims
+from .one_wide_ffn import FLAG_RANGES as OWF_RANGES
 from .one_wide_ffn import OneWideFFNModel, apply_sharing, one_wide_ffn_defaults, validate_args
+
+FLAG_RANGES = {**OWF_RANGES, "can_value_dim": DIM}
 
 COMPRESS_MODES = ("all", "attention", "ffn")
 BASELINES = {"can_decoder": "transformer_balanced", "can_decoder_big": "transformer_balanced_big",
@@ -59,6 +62,9 @@ class CANDecoderLayer(nn.Module):
             else:
                 del self.fairseq_layer.fc1, self.fairseq_layer.fc2, self.fairseq_layer.final_layer_norm
 
+    def make_generation_fast_(self, need_attn: bool = False, **kwargs):
+        self.need_attn = need_attn  # fairseq's prepare_for_inference_: --print-alignment
+
     def _sublayer(self, x, norm, fn):
         residual = x
         if self.normalize_before:
@@ -78,13 +84,28 @@ class CANDecoderLayer(nn.Module):
             x = self._sublayer(x, f.self_attn_layer_norm, lambda h: f.self_attn(
                 query=h, key=h, value=h, key_padding_mask=self_attn_padding_mask, incremental_state=incremental_state,
                 need_weights=False, attn_mask=self_attn_mask)[0])
-        x = self._sublayer(x, self.can_layer_norm, lambda h: self.can(
+        attn: List[Optional[Tensor]] = [None]
+
+        def can(h):
+            out, attn[0] = self.can(h, encoder_out, encoder_padding_mask, self_attn_mask=self_attn_mask,
+                                    self_padding_mask=self_attn_padding_mask, incremental_state=incremental_state,
+                                    need_weights=True)
+            return out
+
+        # source attention where fairseq asks for it at this layer: full-sequence passes, and decoding steps
+        # when generation was prepared with --print-alignment (make_generation_fast_); other decoding steps
+        # skip it and keep the one-token kernel
+        need = (need_attn or need_head_weights) and (incremental_state is None or self.need_attn)
+        x = self._sublayer(x, self.can_layer_norm, can if need else lambda h: self.can(
             h, encoder_out, encoder_padding_mask, self_attn_mask=self_attn_mask,
             self_padding_mask=self_attn_padding_mask, incremental_state=incremental_state))
         if self.mode == "attention":  # then fairseq's FFN sub-layer
             x = self._sublayer(x, f.final_layer_norm, lambda h: f.fc2(
                 f.activation_dropout_module(f.activation_fn(f.fc1(h)))))
-        return x, None, None
+        weights = attn[0]
+        if weights is not None and not need_head_weights:
+            weights = weights.mean(dim=0)
+        return x, weights, None
 
 
 class CANDecoder(TransformerDecoderBase):
@@ -158,7 +179,8 @@ class CANModel(OneWideFFNModel):
 def can_defaults(args):
     one_wide_ffn_defaults(args)
     args.can_compress = getattr(args, "can_compress", None) or "all"
-    args.can_value_dim = getattr(args, "can_value_dim", None) or getattr(args, "decoder_ffn_embed_dim", 2048)
+    if getattr(args, "can_value_dim", None) is None:  # (0 is an error, not "unset")
+        args.can_value_dim = getattr(args, "decoder_ffn_embed_dim", 2048)
 
 
 @register_model_architecture("can", "can_decoder")
@@ -208,5 +230,5 @@ def can_decoder_ffn_tiny(args):
 BAD_FLAGS = [
     ("can_decoder_tiny", ["--can-value-dim", "130"], "must be divisible by --decoder-attention-heads"),
     ("can_decoder_tiny", ["--decoder-ffn-sharing", "shared"], "CAN decoder layers have no separate FFN"),
-    ("can_decoder_tiny", ["--can-value-dim", "-4"], "--can-value-dim -4: must be > 0"),
+    ("can_decoder_tiny", ["--can-value-dim", "-4"], "--can-value-dim -4 (given, or set by --arch can_decoder_tiny): must be an integer >= 1"),
 ]

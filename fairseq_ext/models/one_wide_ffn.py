@@ -26,7 +26,12 @@ from torch import Tensor
 
 from ..compat import register_model, register_model_architecture
 from ..modules.feedforward import SHARING_MODES, ffn_sharing_plan
-from .common import tiny_dims
+from .common import DIM, Range, tiny_dims
+
+# numeric flags of this family and their valid values (checked for every arch: compat.register_model_architecture)
+FLAG_RANGES = {"encoder_num_shared_ffns": DIM, "decoder_num_shared_ffns": DIM, **{
+    f"{side}_shared_ffn_dim": Range(low=1, integer=True, hint=f"to drop the {side} FFNs use --{side}-ffn-sharing none")
+    for side in ("encoder", "decoder")}}
 
 BASELINES = {  # arch -> the paper's baseline at the same dimensions (tools/params.py, benchmarks)
     "one_wide_ffn_big": "transformer_wmt_en_de_big",
@@ -231,7 +236,9 @@ def _one_wide(args, width):
     """SharedEncNoDec with d_ff' = width: the One Wide FFN configuration."""
     args.encoder_ffn_sharing = getattr(args, "encoder_ffn_sharing", None) or "shared"
     args.decoder_ffn_sharing = getattr(args, "decoder_ffn_sharing", None) or "none"
-    if args.encoder_ffn_sharing != "independent" and getattr(args, "encoder_shared_ffn_dim", None) is None:
+    # the arch's d_ff' only where the encoder shares FFNs (--encoder-ffn-sharing none gives NoEnc, independent
+    # the vanilla encoder: neither takes a shared width)
+    if args.encoder_ffn_sharing not in ("independent", "none") and getattr(args, "encoder_shared_ffn_dim", None) is None:
         args.encoder_shared_ffn_dim = width
 
 

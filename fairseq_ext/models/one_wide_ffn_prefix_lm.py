@@ -24,7 +24,11 @@ from torch import Tensor, nn
 from ..compat import register_model, register_model_architecture
 from ..modules.feedforward import ffn_sharing_plan
 from ..modules.prefix_lm import PrefixLMLayer
+from .common import Range
+from .one_wide_ffn import FLAG_RANGES as OWF_RANGES
 from .one_wide_ffn import OneWideFFNModel, _tie_attention, one_wide_ffn_defaults
+
+FLAG_RANGES = {**OWF_RANGES, "encoder_layers": Range(low=1, integer=True, special={0: "decoder-only (this family's own)"})}
 
 BASELINES = {
     "one_wide_ffn_prefix_lm_big": "one_wide_ffn_prefix_lm_vanilla_big",
@@ -133,6 +137,8 @@ class PrefixLMEncoder(FairseqEncoder):
 @register_model("one_wide_ffn_prefix_lm")
 class PrefixLMTranslationModel(FairseqEncoderDecoderModel):
     """Decoder-only translation (prefix LM) with One Wide FFN's decoder FFN options."""
+    no_alignment = ("is a prefix language model over source and target as one sequence (no "
+                    "encoder-decoder attention to read an alignment from)")
 
     @classmethod
     def add_args(cls, parser):

@@ -25,7 +25,12 @@ from torch import nn
 
 from ..compat import register_model, register_model_architecture
 from ..modules.shaped_attention import RMSNorm, SimplifiedBlock
-from .common import tiny_dims
+from .common import DIM, Range, tiny_dims
+
+# β_FF is a gain at initialisation (the paper: 0.1 for 18 layers, O(1/sqrt(depth)))
+FLAG_RANGES = {"sas_beta_ff_init": Range(low=0.0, high=10.0), "decoder_input_dim": DIM,
+               "character_embedding_dim": DIM, "char_embedder_highway_layers": Range(low=0, integer=True),
+               "adaptive_input_factor": Range(above=0.0)}
 
 BLOCKS = ("sas", "sas_p")
 BASELINES = {"sas_block": "transformer", "sas_block_tiny": "transformer_tiny", "sas_lm": "preln_lm",
@@ -305,5 +310,5 @@ def preln_lm_tiny(args):
 BAD_FLAGS = [
     ("sas_block_tiny", ["--sas-decoder-block", "sas_p"], "the parallel block has no cross-attention"),
     ("sas_block_tiny", ["--activation-fn", "gelu"], "SAS blocks use a ReLU MLP"),
-    ("sas_block_tiny", ["--sas-beta-ff-init", "-1"], "--sas-beta-ff-init -1.0: must be >= 0"),
+    ("sas_block_tiny", ["--sas-beta-ff-init", "-1"], "--sas-beta-ff-init -1.0 (given, or set by --arch sas_block_tiny): must be a finite number >= 0.0"),
 ]

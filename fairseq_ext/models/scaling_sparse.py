@@ -18,8 +18,18 @@ from fairseq.models.transformer.transformer_legacy import transformer_wmt_en_de_
 from ..compat import register_model, register_model_architecture
 from ..modules.multiplicative import SparseOutputProjection, SparseQKVAttention
 from ..modules.sparse_feedforward import SparseFeedForward, check_block_size, install_sparse_ffn
-from .common import tiny_dims
+from .common import DIM, Range, tiny_dims
+from .one_wide_ffn import FLAG_RANGES as OWF_RANGES
 from .one_wide_ffn import OneWideFFNModel, _one_wide, one_wide_ffn_base_architecture, one_wide_ffn_defaults
+
+SPARSE_RANGES = {
+    "sparse_ffn_block_size": Range(low=2, integer=True, special={0: "a dense FFN"}),
+    "sparse_ffn_lowrank": DIM, "sparse_ffn_temperature": Range(low=0.0), "sparse_ffn_quant_prob": Range(low=0.0, high=1.0),
+    "sparse_qkv_modules": Range(low=1, integer=True, special={0: "dense attention"}),
+    "sparse_qkv_kernel": DIM, "sparse_qkv_module_kernel": Range(low=1, integer=True, odd=True),
+    "sparse_loss": Range(low=2, integer=True, special={0: "a dense output layer"}),
+}
+FLAG_RANGES = {**OWF_RANGES, **SPARSE_RANGES}
 
 BASELINES = {
     "scaling_sparse": "transformer_wmt_en_de_big",
@@ -303,7 +313,7 @@ BAD_FLAGS = [
     ("one_wide_sparse_ffn_tiny", ["--sparse-ffn-block-size", "24"], "must divide --encoder-shared-ffn-dim"),
     ("scaling_sparse_tiny", ["--activation-fn", "gelu"], "--activation-fn relu"),
     ("scaling_sparse_tiny", ["--sparse-qkv-modules", "3"], "--sparse-qkv-modules 3 must divide"),
-    ("scaling_sparse_tiny", ["--sparse-qkv-module-kernel", "2"], "must be odd"),
+    ("scaling_sparse_tiny", ["--sparse-qkv-module-kernel", "2"], "--sparse-qkv-module-kernel 2 (given, or set by --arch scaling_sparse_tiny): must be an odd integer >= 1"),
     ("scaling_sparse_tiny", ["--sparse-loss", "5"], "--sparse-loss 5: the output vocabulary"),
     ("scaling_sparse_tiny", ["--share-decoder-self-attn"], "cannot be combined with --sparse-qkv-modules"),
     ("scaling_sparse_tiny", ["--sparse-ffn-block-size", "0", "--sparse-ffn-lowrank", "4"],

@@ -42,8 +42,14 @@ from ..modules.sparse_feedforward import SparseFeedForward
 from ..modules.sru import LowRankRecurrence
 from ..modules.terraformer_blocks import (AttentionSwap, DenseFeedForward, FeedForwardSwap, IncrementalState,
                                           SelfAttention)
-from .common import tiny_dims
-from .scaling_sparse import BIG_FF_QKV_FFN_DIM, add_sparse_args, sparse_defaults, validate_sparse_args
+from .common import DIM, Range, tiny_dims
+from .scaling_sparse import SPARSE_RANGES, BIG_FF_QKV_FFN_DIM, add_sparse_args, sparse_defaults, validate_sparse_args
+
+FLAG_RANGES = {**SPARSE_RANGES, "decoder_attention_layers": DIM, "sru_layers": DIM,
+               "sru_dim": Range(low=1, integer=True, special={0: "no recurrence"}), "lsh_chunk": DIM,
+               "lsh_buckets": Range(low=2, integer=True), "lsh_hashes": DIM}
+LSH_DEFAULTS = {"lsh_chunk": 64, "lsh_buckets": 16, "lsh_hashes": 2}
+LSH_FLAGS = tuple(LSH_DEFAULTS)
 
 BASE_FF_QKV_FFN_DIM = 3200  # Transformer Base's count (101%) at a 32k vocabulary; a multiple of N = 64
 
@@ -244,6 +250,8 @@ class TerraformerDecoder(FairseqIncrementalDecoder):
 @register_model("terraformer")
 class TerraformerModel(FairseqEncoderDecoderModel):
     """Terraformer encoder-decoder (see module docstring)."""
+    no_alignment = ("attends over encoder output and target as one sequence (no encoder-decoder attention "
+                    "to read an alignment from)")
 
     @classmethod
     def add_args(cls, parser):
@@ -292,8 +300,13 @@ class TerraformerModel(FairseqEncoderDecoderModel):
 
 
 def terraformer_defaults(args):
+    if (getattr(args, "lsh_attention", None) or "none") == "none":  # an LSH setting other than the default
+        given = [n for n in LSH_FLAGS if getattr(args, n, None) not in (None, LSH_DEFAULTS[n])]
+        if given:
+            raise ValueError(f"--{given[0].replace('_', '-')} {getattr(args, given[0])} does nothing without LSH "
+                             f"attention: add --lsh-attention encoder|decoder|both, or drop it")
     for name, default in (("decoder_attention_layers", 2), ("sru_dim", 32), ("sru_layers", 1), ("lsh_attention", "none"),
-                          ("lsh_chunk", 64), ("lsh_buckets", 16), ("lsh_hashes", 2)):
+                          *LSH_DEFAULTS.items()):
         if getattr(args, name, None) is None:
             setattr(args, name, default)
     args.no_reversible = getattr(args, "no_reversible", False)

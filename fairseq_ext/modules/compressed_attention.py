@@ -89,12 +89,16 @@ class CompressedAttention(EvalCached):
 
     def forward(self, x, encoder_out: Optional[Tensor] = None, encoder_padding_mask: Optional[Tensor] = None,
                 self_attn_mask: Optional[Tensor] = None, self_padding_mask: Optional[Tensor] = None,
-                incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]] = None):
+                incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]] = None,
+                need_weights: bool = False):
         """x: (T, B, C) decoder input (after LayerNorm in pre-norm); encoder_out: (S, B, C);
         encoder_padding_mask: (B, S) True at padding; self_attn_mask: (T, T) additive causal mask or
-        None; self_padding_mask: (B, T) True at padding. Returns (T, B, C)."""
+        None; self_padding_mask: (B, T) True at padding. Returns (T, B, C); with need_weights, a pair
+        (output, source attention (h, B, T, S) or None): the one softmax's encoder part renormalised
+        to a distribution over source positions (what fairseq's --print-alignment reads)."""
         t, b, _ = x.shape
-        if incremental_state is not None and self._decode_step_applies(x, self_padding_mask, incremental_state):
+        if (incremental_state is not None and not need_weights
+                and self._decode_step_applies(x, self_padding_mask, incremental_state)):
             return self._decode_step(x, encoder_out, encoder_padding_mask, incremental_state)
         proj = list(self._x_projections(x))
         q = self._heads(proj.pop(0) * self.scaling, self.head_dim)  # (B, h, T, dh)
@@ -120,16 +124,23 @@ class CompressedAttention(EvalCached):
         if incremental_state is not None:
             self.set_incremental_state(incremental_state, "state", state)
         logits = torch.cat(scores, dim=3) if len(scores) > 1 else scores[0]  # (B, h, T, S+T')
-        probs = self.attention_dropout_module(utils.softmax(logits, dim=-1).type_as(logits))  # one softmax, Eq. 11
+        probs = utils.softmax(logits, dim=-1).type_as(logits)  # one softmax, Eq. 11
+        weights = None
+        if need_weights and self.encoder_attention:
+            src = probs[..., :scores[0].size(3)].float().transpose(0, 1)  # (h, B, T, S)
+            weights = src / src.sum(-1, keepdim=True).clamp_min(torch.finfo(src.dtype).tiny)
+        probs = self.attention_dropout_module(probs)
         ctx = None
         for p, v in zip(probs.split([sc.size(3) for sc in scores], dim=3), values):
             part = torch.matmul(p, v)  # (B, h, T, dv/h)
             ctx = part if ctx is None else ctx + part
         ctx = ctx.permute(2, 0, 1, 3).reshape(t, b, self.value_dim)  # (T, B, d_v)
         if not self.ffn:
-            return self.out_proj(ctx)
-        h = self.activation_fn(proj.pop(0) + ctx)  # ReLU(X·W1 + A·V~ + b1), Eq. 13
-        return self.fc2(self.activation_dropout_module(h))
+            out = self.out_proj(ctx)
+        else:
+            h = self.activation_fn(proj.pop(0) + ctx)  # ReLU(X·W1 + A·V~ + b1), Eq. 13
+            out = self.fc2(self.activation_dropout_module(h))
+        return (out, weights) if need_weights else out
 
     def _encoder_kv(self, encoder_out, encoder_padding_mask, state, cache):
         """Encoder keys (B, h, S, dh), values (B, h, S, dv/h) and additive padding bias (B, 1, 1, S) or

@@ -39,8 +39,9 @@ def check_block_size(ffn_dim, block_size, flag="--sparse-ffn-block-size", width_
         raise ValueError(f"{flag} {block_size}: the block size N must be >= 1")
     if ffn_dim % block_size:
         lo, hi = (ffn_dim // block_size) * block_size, (ffn_dim // block_size + 1) * block_size
+        widths = f"{lo} or {hi}" if lo else f"{hi}"  # the multiples of N either side of the width
         raise ValueError(f"{flag} {block_size} must divide {width_flag} ({ffn_dim}): use a width that is a "
-                         f"multiple of N (e.g. {lo or hi} or {hi}) or a block size dividing {ffn_dim}")
+                         f"multiple of N (e.g. {widths}) or a block size dividing {ffn_dim}")
 
 
 class SparseFFNInput(nn.Module):

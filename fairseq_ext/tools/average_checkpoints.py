@@ -15,12 +15,15 @@ import re
 
 import torch
 
-from ..compat import install_checkpoint_safe_globals, load_checkpoint
+from ..checkpointing import atomic_save
+from ..compat import CheckpointError, install_checkpoint_safe_globals, load_checkpoint
 
 
 def last_n_checkpoints(paths, n, update_based, upper_bound=None):
     """The n newest checkpoint_{epoch}.pt / checkpoint_{epoch}_{update}.pt files of a folder."""
-    assert len(paths) == 1, "--num-*-checkpoints takes exactly one folder in --inputs"
+    if len(paths) != 1 or not os.path.isdir(paths[0]):
+        raise SystemExit(f"--num-{'update' if update_based else 'epoch'}-checkpoints takes exactly one folder in "
+                         f"--inputs, got {' '.join(paths)}")
     path = paths[0]
     pattern = re.compile(r"checkpoint_\d+_(\d+)\.pt" if update_based else r"checkpoint(\d+)\.pt")
     entries = []
@@ -48,9 +51,14 @@ def average_checkpoints(inputs):
         if keys is None:
             keys = list(model.keys())
         elif set(model.keys()) != set(keys):
-            raise SystemExit(f"{path}: its parameters differ from {inputs[0]}'s; cannot average")
+            extra = sorted(set(model.keys()) ^ set(keys))
+            raise SystemExit(f"{path}: its parameters differ from {inputs[0]}'s (e.g. {extra[0]}); cannot average")
         for k in keys:
             p = model[k]
+            first = new_state["model"][k]
+            if p.shape != first.shape:
+                raise SystemExit(f"{path}: parameter {k} has shape {tuple(p.shape)}, {inputs[0]} has "
+                                 f"{tuple(first.shape)}: the checkpoints are of different models; cannot average")
             if not torch.is_floating_point(p):
                 sums.setdefault(k, p.clone())  # integer buffers: keep the first
                 continue
@@ -76,7 +84,12 @@ def main(argv=None):
     args = p.parse_args(argv)
 
     inputs = args.inputs
-    n = args.num_epoch_checkpoints or args.num_update_checkpoints
+    n = args.num_epoch_checkpoints if args.num_epoch_checkpoints is not None else args.num_update_checkpoints
+    flag = "--num-epoch-checkpoints" if args.num_epoch_checkpoints is not None else "--num-update-checkpoints"
+    if n is not None and n < 1:
+        p.error(f"{flag} {n}: must be >= 1 (the number of newest checkpoints to average)")
+    if args.checkpoint_upper_bound is not None and args.checkpoint_upper_bound < 0:
+        p.error(f"--checkpoint-upper-bound {args.checkpoint_upper_bound}: must be >= 0")
     if n is not None:
         inputs = last_n_checkpoints(inputs, n, args.num_update_checkpoints is not None,
                                     args.checkpoint_upper_bound)
@@ -86,11 +99,12 @@ def main(argv=None):
     if missing:
         p.error(f"not a checkpoint file: {', '.join(missing)} (give files, or a folder with --num-*-checkpoints)")
     print("averaging:", " ".join(inputs))
-    state = average_checkpoints(inputs)
+    try:
+        state = average_checkpoints(inputs)
+    except CheckpointError as e:
+        raise SystemExit(str(e)) from None
     install_checkpoint_safe_globals()
-    tmp = args.output + ".tmp"
-    torch.save(state, tmp)
-    os.replace(tmp, args.output)  # never leave a half-written checkpoint under the final name
+    atomic_save(state, args.output)  # never leave a half-written checkpoint under the final name
     print(f"wrote {args.output}")
 
 
