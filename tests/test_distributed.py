@@ -76,3 +76,41 @@ def test_two_gloo_ranks_equal_one_process_with_update_freq_2(arch, extra, tiny_d
     assert worst < tol, f"2-rank DDP differs from 1 process with --update-freq 2 by {worst}"
     moved = max((a["model"][k].float().abs().max().item()) for k in a["model"])
     assert moved > 0
+
+
+def _two_ranks(data, save, arch, extra):
+    port = _free_port()
+    procs = [
+        subprocess.Popen(
+            ["fairseq-train", *_common(data, save, arch), *extra, "--distributed-world-size", "2",
+             "--distributed-rank", str(rank), "--distributed-no-spawn", "--distributed-backend", "gloo",
+             "--distributed-init-method", f"tcp://127.0.0.1:{port}", "--device-id", str(rank)],
+            cwd=REPO, env=clean_env(OMP_NUM_THREADS="1"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            text=True)
+        for rank in range(2)
+    ]
+    outs = [p.communicate(timeout=600)[0] for p in procs]
+    for p, out in zip(procs, outs):
+        assert p.returncode == 0, out[-4000:]
+    return outs[0] + outs[1]
+
+
+def test_two_gloo_ranks_resume_exactly_mid_epoch_after_the_first(tiny_data, tmp_path):
+    """2 ranks stopped inside epoch 2 and resumed by the same command end bit-equal to 2 ranks trained
+    without a stop (dropout on, --update-freq 2, fp32)."""
+    from fairseq_ext.compat import load_checkpoint
+
+    arch = "transformer_balanced_tiny"
+    extra = ["--dropout", "0.1", "--update-freq", "2", "--max-tokens", "4000"]  # 7 updates per epoch
+    whole, parts = tmp_path / "whole", tmp_path / "parts"
+    _two_ranks(tiny_data, whole, arch, extra + ["--max-update", "12"])
+    _two_ranks(tiny_data, parts, arch, extra + ["--max-update", "10"])
+    first = load_checkpoint(parts / "checkpoint_last.pt")
+    assert first["extra_state"]["train_iterator"]["epoch"] >= 2, "the stop is not after the first epoch"
+    assert first["extra_state"]["train_iterator"]["iterations_in_epoch"] > 0, "the stop is not mid-epoch"
+    out = _two_ranks(tiny_data, parts, arch, extra + ["--max-update", "12"])
+    assert "Loaded checkpoint" in out, out[-3000:]
+    a, b = load_checkpoint(whole / "checkpoint_last.pt"), load_checkpoint(parts / "checkpoint_last.pt")
+    assert a["optimizer_history"][-1]["num_updates"] == b["optimizer_history"][-1]["num_updates"] == 12
+    differ = [k for k in a["model"] if not (a["model"][k] == b["model"][k]).all()]
+    assert not differ, f"resumed 2-rank run differs from the uninterrupted one in {differ[:5]}"
