@@ -1,4 +1,4 @@
-"""CTranslate2 as an optional, benchmark-only decoding backend (issue 9's reference point).
+"""CTranslate2 as an optional, benchmark-only decoding backend (the fast decoding path's reference point).
 
 `convert(model, task, compute_type)` converts an in-memory fairseq Transformer (random weights or a loaded
 checkpoint) with CTranslate2's own fairseq converter functions (its layer mapping, not ours) into a

@@ -1,9 +1,9 @@
-"""`make bench`: the comparisons the architecture issues need, each against its paper's baseline.
+"""`make bench`: each architecture's decoding / training speed and memory against its paper's baseline.
 
     python benchmarks/run_presets.py [--quick] [--only NAME ...] [--threads N]
 
-Candidates that are not registered yet are skipped with a message (a preset whose candidates are all
-missing still measures its baseline), so the presets grow as the archs land. Results go to
+Candidates that are not registered are skipped with a message (a preset whose candidates are all
+missing still measures its baseline). Results go to
 docs/benchmarks/<preset>.{json,md,png}. --quick: 2 rounds, short sequences, same models (smoke run).
 """
 import argparse

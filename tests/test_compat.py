@@ -79,3 +79,22 @@ def test_extension_built_by_bootstrap():
         return
     assert ops.extension_loaded(), ops.build_info()
     assert "torch" in ops.build_info()
+
+
+def test_import_prints_nothing():
+    """`import fairseq_ext` writes nothing to stdout or stderr (fairseq's text_to_speech task logs a
+    tensorboardX hint at INFO when fairseq is imported; the package drops that one message)."""
+    p = subprocess.run([sys.executable, "-c", "import logging; logging.basicConfig(level=logging.INFO); "
+                        "import fairseq_ext"], capture_output=True, text=True, cwd="/", env=clean_env())
+    assert p.returncode == 0 and p.stdout == "" and p.stderr == "", p.stdout + p.stderr
+
+
+def test_only_the_tensorboardx_hint_is_silenced():
+    out = _python("""
+import logging, fairseq_ext
+lg = logging.getLogger('fairseq.tasks.text_to_speech')
+rec = lambda m: lg.makeRecord(lg.name, logging.INFO, 'x.py', 1, m, (), None)
+print(lg.isEnabledFor(logging.INFO), bool(lg.filter(rec('Please install tensorboardX: pip install tensorboardX'))),
+      bool(lg.filter(rec('Teacher forcing mode for generation'))))
+""")
+    assert out.split() == ["True", "False", "True"], out

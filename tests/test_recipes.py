@@ -53,12 +53,13 @@ def test_sas_translation_recipe(tiny_data, tmp_path):
 
 
 def test_sas_code_lm_recipe(tmp_path):
-    """The code-LM pipeline end to end on the first 60 files of the corpus (rebuilt from this machine's
-    standard library when ../shared/data is absent): split, SentencePiece, binarize, the four blocks,
-    curves."""
+    """The code-LM pipeline end to end on the first 60 files of the repository's code corpus (data/code,
+    prepare-code.sh's default): split, SentencePiece, binarize, the four blocks, curves."""
+    assert os.path.exists(os.path.join(REPO, "data", "code", "python_stdlib.txt.gz"))
     data = tmp_path / "code"
     run(["bash", os.path.join(REPO, "examples/sas/prepare-code.sh"), str(data), "--max-files", "60",
          "--vocab", "500"])
+    assert not (data / "python_stdlib.txt.gz").exists()  # the committed corpus was used, not a rebuild
     out = tmp_path / "cmp"
     run(["bash", os.path.join(REPO, "examples/sas/compare_lm.sh"), str(data / "bin"), str(out), "4", "tiny"],
         VALID_EVERY="2", LOG_INTERVAL="1")

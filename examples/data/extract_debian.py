@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Rebuild the EN-DE corpus of shared/data/en-de from Debian packages (and one PyPI package).
+"""Rebuild the EN-DE corpus data/en-de from Debian packages (and one PyPI package).
 
     python examples/data/extract_debian.py --out OUT_DIR [--work WORK_DIR] [--valid-test-from DIR]
 
@@ -16,7 +16,7 @@ Sources (the corpus README lists them with their licences), each extracted by on
 Packages are fetched with `apt-get download` (no root needed for that) and unpacked with dpkg-deb.
 Pairs are normalised (whitespace), filtered (length, length ratio, untranslated, markup), deduplicated,
 and training pairs whose English side occurs in valid/test are removed. Valid/test: copied from
---valid-test-from when given (to stay comparable with shared/data), else drawn here: test = 2,000
+--valid-test-from when given (to stay comparable with data/en-de), else drawn here: test = 2,000
 random Ding sentences, valid = 1,319 random pairs of the other sources (seeded).
 """
 import argparse

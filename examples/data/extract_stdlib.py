@@ -1,11 +1,11 @@
-"""Rebuild the code language-modelling corpus (../shared/data/code/python_stdlib.txt.gz) from this
+"""Rebuild the code language-modelling corpus (data/code/python_stdlib.txt.gz) from this
 machine's own CPython standard library: every `.py` file under the stdlib folder, sorted by path,
 without the test suites (folders test/, tests/, idle_test/) and without site-packages, each preceded by
 a `# <file> RELATIVE/PATH.py` line and followed by an empty line. PSF licence.
 
     python examples/data/extract_stdlib.py OUT.txt.gz [--stdlib DIR]
 
-The corpus in ../shared/data was made from CPython 3.11.7 (734 files); another Python version gives
+The corpus in data/code was made from CPython 3.11.7 (734 files); another Python version gives
 another, equally valid corpus (the script prints the version and the file count).
 """
 import argparse

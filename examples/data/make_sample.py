@@ -5,7 +5,7 @@ The sample is what `make demo` and the integration tests train on when no networ
 are at hand. It keeps the corpus' sources, over-weights the general-domain Ding example sentences (the
 test set's domain), and copies valid/test whole. Deterministic for a given seed.
 
-    python examples/data/make_sample.py --corpus ../shared/data/en-de --out data/en-de-sample
+    python examples/data/make_sample.py --corpus data/en-de --out data/en-de-sample
 """
 import argparse
 import os

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The code language-modelling set of the Simplified-blocks recipes, binarized for fairseq.
 #   examples/sas/prepare-code.sh OUT_DIR [CORPUS.txt.gz] [--vocab N] [--max-files N]
-# CORPUS defaults to ../shared/data/code/python_stdlib.txt.gz when present, else it is rebuilt from this
-# machine's standard library (examples/data/extract_stdlib.py: the same bytes for CPython 3.11.7).
+# CORPUS defaults to the repository's data/code/python_stdlib.txt.gz; when that file is absent it is rebuilt
+# from this machine's standard library (examples/data/extract_stdlib.py: the same bytes for CPython 3.11.7).
 # Splits by file, SentencePiece (8k, whitespace kept), fairseq-preprocess --only-source -> OUT_DIR/bin.
 set -euo pipefail
 out=$1; shift
@@ -10,7 +10,7 @@ ex=$(cd "$(dirname "$0")/.." && pwd)
 corpus=""
 if [ $# -gt 0 ] && [[ "$1" != --* ]]; then corpus=$1; shift; fi
 if [ -z "$corpus" ]; then
-  corpus="$ex/../../shared/data/code/python_stdlib.txt.gz"
+  corpus="$ex/../data/code/python_stdlib.txt.gz"
   if [ ! -f "$corpus" ]; then
     mkdir -p "$out"; corpus="$out/python_stdlib.txt.gz"
     python "$ex/data/extract_stdlib.py" "$corpus"

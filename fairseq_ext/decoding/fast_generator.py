@@ -1,4 +1,4 @@
-"""Fast decoding path (issue 9): fairseq's SequenceGenerator with a lean decoder step.
+"""Fast decoding path: fairseq's SequenceGenerator with a lean decoder step.
 
 The beam search is fairseq's own (`FastSequenceGenerator` subclasses SequenceGenerator: same length
 penalty, min/max length, no-repeat-ngram, unk penalty, prefix tokens, output), so hypotheses are the
@@ -20,7 +20,7 @@ generic incremental decoding (shown for the Transformer stepper; CAN and SAS in 
   (tests/test_fast_generator.py).
 
 Transformer Big, batch 1, beam 5 on 2 cores: 1.58x fairseq's generator in fp32, 2.91x with the int8
-decoder; figures, profile before/after and the CTranslate2 comparison in docs/decoding/README.md.
+decoder; figures, profile and the CTranslate2 comparison in docs/decoding/README.md.
 
 Supported (steppers.py): one model whose decoder is fairseq's TransformerDecoderBase with layers of one
 kind: fairseq's Transformer layers (stock transformer, transformer_balanced, every One Wide FFN placement
@@ -30,7 +30,7 @@ scaling, attention LayerNorm or adaptive softmax), CAN layers (--can-compress al
 incremental encoder-decoders (the CAN ablations, Terraformer) take the generic mode
 (`OwnStepEnsembleModel`: their own step, the kernel output projection, the two-stage top-k) with a
 one-line notice saying why (`unsupported_reason`); ensembles use fairseq's step. CAN 1.22x, SAS 1.37x
-and scaling_sparse 1.36x fairseq's generator (docs/decoding/README.md).
+and scaling_sparse 1.65x fairseq's generator (docs/decoding/README.md).
 """
 import logging
 import warnings

@@ -173,8 +173,13 @@ def report(runs):
         lines.append(f"| {paper} | {claim} | {'BLEU' if name == 'bleu' else 'valid loss'} | {diff} | {v} |")
         summary["claims"].append({"config": config, "paper": paper, "claim": claim, "metric": name,
                                   "difference": d, "verdict": v})
-    missing = [f"{c} ({len(groups.get(c, []))}/3 seeds)" for c in
-               ["baseline", "one_wide_ffn", "can", "sparse_ffn", "sparse_ffn_qkv", "sas"] if len(groups.get(c, [])) < 3]
+    from .study import PROTOCOLS
+
+    want = PROTOCOLS[runs[0].get("protocol", "paper")].seeds
+    mains = ["baseline"] + [c for c, role in {r["config"]: r["role"] for r in runs}.items() if role == "main"]
+    mains += [c for c in ["one_wide_ffn", "can", "sparse_ffn", "sparse_ffn_qkv", "sas"]
+              if runs[0].get("protocol", "paper") == "paper" and c not in mains]
+    missing = [f"{c} ({len(groups.get(c, []))}/{want} seeds)" for c in mains if len(groups.get(c, [])) < want]
     if missing:
         lines += ["", "Not complete yet: " + ", ".join(missing) + ". `examples/study/run.sh runs/study` resumes them."]
     lines += ["", f"{len(runs)} runs; curves of validation loss per update: `valid_curves.png`. Each run's settings, "

@@ -1,0 +1,75 @@
+"""The reproduction study's command end to end on its tiny protocol (fairseq_ext/tools/study.py): two
+models (the baseline and One Wide FFN), two learning rates, two seeds; the first sitting is killed inside
+the first run, the second resumes and finishes every planned run, a third has nothing to do, and the
+generated table is checked against the run files."""
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+
+from conftest import REPO, clean_env, run
+
+
+def _study(out, corpus, results):
+    return [sys.executable, "-m", "fairseq_ext.tools.study", "run", str(out), "--protocol", "tiny", "--corpus",
+            str(corpus), "--configs", "one_wide_ffn", "--publish", str(results / "runs")]
+
+
+def test_study_runs_resumes_and_tabulates(tiny_data, tmp_path):
+    corpus, out, results = tiny_data.parent / "corpus", tmp_path / "study", tmp_path / "results"
+    results.mkdir()
+    (results / "README.md").write_text("# Results\n\n<!-- study:results:begin -->\n<!-- study:results:end -->\n")
+    first = out / "runs" / "baseline-lr3e-3-s1"
+
+    # sitting 1: killed (the whole process group, as a lost session) once the first run has a checkpoint
+    with open(tmp_path / "sitting1.log", "w") as log:
+        p = subprocess.Popen(_study(out, corpus, results), cwd=REPO, env=clean_env(OMP_NUM_THREADS="1"),
+                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.time() + 600
+        while not (first / "checkpoint_last.pt").exists() and p.poll() is None and time.time() < deadline:
+            time.sleep(0.5)
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+    assert (first / "checkpoint_last.pt").exists(), open(tmp_path / "sitting1.log").read()[-3000:]
+    assert not (out / "results" / "baseline-lr3e-3-s1.json").exists()
+
+    # sitting 2: resumes the killed run (its lock is stale) and carries out the whole plan
+    second = run(_study(out, corpus, results), OMP_NUM_THREADS="1").stdout
+    assert "run baseline-lr3e-3-s1" in second
+    train_log = (first / "train.log").read_text()
+    assert train_log.count("Loaded checkpoint") >= 1 and "epoch 2" in second, second[-3000:]
+    planned = {"baseline-lr3e-3-s1", "baseline-lr6e-3-s1", "baseline-lr{lr}-s2", "one_wide_ffn-lr{lr}-s1",
+               "one_wide_ffn-lr{lr}-s2", "one_wide_ffn-lr{other}-s1"}
+    runs = {f[:-5]: json.loads((results / "runs" / f).read_text()) for f in os.listdir(results / "runs")}
+    sweep = {lr: runs[f"baseline-lr{lr}-s1"]["valid_loss"] for lr in ("3e-3", "6e-3")}
+    lr = min(sweep, key=sweep.get)  # chosen on the validation set
+    other = "6e-3" if lr == "3e-3" else "3e-3"
+    assert set(runs) == {n.format(lr=lr, other=other) for n in planned}, sorted(runs)
+    for name, r in runs.items():
+        assert r["epochs"] == 2 and r["stopped_by"] == "max_epochs" and not r["converged"], (name, r)
+        assert 0 <= r["bleu"] <= 100 and r["parameters"] > 0 and r["averaged_checkpoints"] == 2
+        assert r["valid_curve"][-1][0] == r["updates"]
+        assert (out / "results" / f"{name}.json").read_text() == (results / "runs" / f"{name}.json").read_text()
+
+    # sitting 3: nothing left
+    assert "nothing left to run" in run(_study(out, corpus, results), OMP_NUM_THREADS="1").stdout
+
+    # the table, from the run files
+    run([sys.executable, "-m", "fairseq_ext.tools.study", "table", "--results", str(results)])
+    text = (results / "README.md").read_text()
+    summary = json.loads((results / "summary.json").read_text())
+    assert summary["lr"] == lr and summary["runs"] == 6
+    for config in ("baseline", "one_wide_ffn"):
+        bleus = [r["bleu"] for r in runs.values() if r["config"] == config and r["lr"] == lr]
+        assert len(bleus) == 2
+        cell = f"{statistics.mean(bleus):.2f} ± {statistics.stdev(bleus):.2f}"
+        table = text.split("### Every configuration", 1)[1]
+        row = next(line for line in table.splitlines() if line.startswith(f"| {config} "))
+        assert cell in row, (cell, row)
+    assert (results / "valid_curves.png").exists()
+    check = subprocess.run([sys.executable, "-m", "fairseq_ext.tools.study", "table", "--results", str(results),
+                            "--check"], cwd=REPO, env=clean_env(), capture_output=True, text=True)
+    assert check.returncode == 0, check.stderr
