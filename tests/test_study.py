@@ -36,8 +36,14 @@ def test_study_runs_resumes_and_tabulates(tiny_data, tmp_path):
     assert (first / "checkpoint_last.pt").exists(), open(tmp_path / "sitting1.log").read()[-3000:]
     assert not (out / "results" / "baseline-lr3e-3-s1.json").exists()
 
-    # sitting 2: resumes the killed run (its lock is stale) and carries out the whole plan
-    second = run(_study(out, corpus, results), OMP_NUM_THREADS="1").stdout
+    # sitting 2: two processes side by side (one per core) resume the killed run (its lock is stale) and
+    # carry out the whole plan, each claiming other runs
+    procs = [subprocess.Popen(_study(out, corpus, results), cwd=REPO, env=clean_env(OMP_NUM_THREADS="1"),
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for _ in range(2)]
+    outs = [p.communicate(timeout=1200)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), outs[0][-3000:] + outs[1][-3000:]
+    second = outs[0] + outs[1]
+    assert all("run " in o for o in outs), "one process trained nothing"
     assert "run baseline-lr3e-3-s1" in second
     train_log = (first / "train.log").read_text()
     assert train_log.count("Loaded checkpoint") >= 1 and "epoch 2" in second, second[-3000:]
@@ -48,6 +54,8 @@ def test_study_runs_resumes_and_tabulates(tiny_data, tmp_path):
     lr = min(sweep, key=sweep.get)  # chosen on the validation set
     other = "6e-3" if lr == "3e-3" else "3e-3"
     assert set(runs) == {n.format(lr=lr, other=other) for n in planned}, sorted(runs)
+    for name in runs:  # each run trained by one process
+        assert second.count(f"run {name} (") == 1, (name, second[-4000:])
     for name, r in runs.items():
         assert r["epochs"] == 2 and r["stopped_by"] == "max_epochs" and not r["converged"], (name, r)
         assert 0 <= r["bleu"] <= 100 and r["parameters"] > 0 and r["averaged_checkpoints"] == 2
@@ -73,3 +81,32 @@ def test_study_runs_resumes_and_tabulates(tiny_data, tmp_path):
     check = subprocess.run([sys.executable, "-m", "fairseq_ext.tools.study", "table", "--results", str(results),
                             "--check"], cwd=REPO, env=clean_env(), capture_output=True, text=True)
     assert check.returncode == 0, check.stderr
+
+
+# settings every configuration must share with the baseline: the papers compare at equal regularisation,
+# normalisation and embedding setup (an arch's own defaults must not leak into the study)
+SHARED_SETTINGS = ["dropout", "attention_dropout", "activation_dropout", "relu_dropout", "activation_fn",
+                   "encoder_normalize_before", "decoder_normalize_before", "layernorm_embedding",
+                   "no_scale_embedding", "share_all_embeddings", "encoder_learned_pos", "decoder_learned_pos",
+                   "encoder_layerdrop", "decoder_layerdrop", "encoder_embed_dim", "decoder_embed_dim",
+                   "encoder_layers", "decoder_layers", "encoder_attention_heads", "decoder_attention_heads"]
+
+
+def test_every_study_configuration_trains_with_the_baselines_settings():
+    """The flags the study passes, resolved by each arch as fairseq-train would: everything but the method
+    itself equals the baseline's (e.g. the scaling_sparse archs' Transformer Big attention dropout is pinned)."""
+    import fairseq_ext  # noqa: F401
+    from fairseq_ext.tools.params import parse_arch_args
+    from fairseq_ext.tools.study import PROTOCOLS, configs
+
+    for name, p in PROTOCOLS.items():
+        resolved = {}
+        for c in configs(p):
+            flags = p.dims + c.flags + ["--dropout", str(p.dropout)]
+            i = flags.index("--arch")
+            args = parse_arch_args(flags[i + 1], flags[:i] + flags[i + 2:])
+            resolved[c.name] = {k: getattr(args, k, None) for k in SHARED_SETTINGS}
+        base = resolved.pop("baseline")
+        for config, settings in resolved.items():
+            differ = {k: (v, base[k]) for k, v in settings.items() if v != base[k]}
+            assert not differ, f"protocol {name}, {config}: (its value, the baseline's) {differ}"

@@ -27,6 +27,7 @@ import time
 from dataclasses import asdict, dataclass, field
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+POLL_SECONDS = 10  # a process with nothing to claim looks again after this long
 RESULTS = os.path.join(REPO, "docs", "results")
 
 
@@ -86,6 +87,9 @@ def configs(p):
     layers = int(p.dims[p.dims.index("--encoder-layers") + 1]) + int(p.dims[p.dims.index("--decoder-layers") + 1])
     owf = ["--arch", "one_wide_ffn", *ffn(f), "--encoder-ffn-sharing", "shared", "--decoder-ffn-sharing", "none"]
     qkv_ffn = {512: 704, 64: 128}.get(f, f)  # d_ff that brings sparse FFN + QKV to the baseline's parameters
+    # the scaling_sparse archs start from Transformer Big's defaults (attention dropout 0.1): pinned to the
+    # baseline's 0 (tests/test_study.py checks every configuration's regularisation against the baseline's)
+    big_defaults = ["--attention-dropout", "0.0"]
     return [
         Config("baseline", "baseline", "baseline", "Transformer, pre-norm", ["--arch", "transformer", *ffn(f)]),
         Config("one_wide_ffn", "one_wide_ffn", "main",
@@ -99,12 +103,12 @@ def configs(p):
         Config("can_ffn", "can", "ablation", "CAN, FFN compressed only",
                ["--arch", "can_decoder", *ffn(f), "--can-value-dim", str(f), "--can-compress", "ffn"]),
         Config("sparse_ffn", "scaling_sparse", "main", "top-1-of-64 sparse FFN",
-               ["--arch", "scaling_sparse_ff", *ffn(f), "--sparse-ffn-block-size", str(min(64, f))]),
+               ["--arch", "scaling_sparse_ff", *ffn(f), "--sparse-ffn-block-size", str(min(64, f)), *big_defaults]),
         Config("sparse_ffn_qkv", "scaling_sparse", "main", f"sparse FFN (N = 64, d_ff {qkv_ffn}) + sparse QKV (S = 4)",
                ["--arch", "scaling_sparse", *ffn(qkv_ffn), "--sparse-ffn-block-size", str(min(64, qkv_ffn)),
-                "--sparse-qkv-modules", "4"]),
+                "--sparse-qkv-modules", "4", *big_defaults]),
         Config("sparse_ffn_128", "scaling_sparse", "ablation", "top-1-of-128 sparse FFN",
-               ["--arch", "scaling_sparse_ff", *ffn(f), "--sparse-ffn-block-size", str(min(128, f))]),
+               ["--arch", "scaling_sparse_ff", *ffn(f), "--sparse-ffn-block-size", str(min(128, f)), *big_defaults]),
         Config("sas", "sas", "main", "SAS-P encoder, SAS decoder", ["--arch", "sas_block", *ffn(f)]),
         Config("sas_sequential", "sas", "ablation", "SAS encoder and decoder",
                ["--arch", "sas_block", *ffn(f), "--sas-encoder-block", "sas"]),
@@ -385,7 +389,7 @@ class Study:
                 return
             mine = next((r for r in todo if self.claim(run_name(*r[:3]))), None)
             if mine is None:  # every planned run is being trained by another process: wait for one
-                time.sleep(60)
+                time.sleep(POLL_SECONDS)
                 continue
             config, lr, seed, why = mine
             name = run_name(config, lr, seed)
