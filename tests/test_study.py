@@ -110,3 +110,13 @@ def test_every_study_configuration_trains_with_the_baselines_settings():
         for config, settings in resolved.items():
             differ = {k: (v, base[k]) for k, v in settings.items() if v != base[k]}
             assert not differ, f"protocol {name}, {config}: (its value, the baseline's) {differ}"
+
+
+def test_committed_results_docs_match_the_run_files():
+    """README's and docs/results' study tables and docs/results/summary.json are what the tool generates
+    from the committed run files (nothing typed by hand, nothing stale)."""
+    from fairseq_ext.tools.study import RESULTS
+    from fairseq_ext.tools.study_report import write_report
+
+    stale = write_report(RESULTS, check=True)
+    assert not stale, f"{stale}: run `python -m fairseq_ext.tools.study table`"
