@@ -159,3 +159,24 @@ def test_half_precision_trained_checkpoint_decodes_like_fairseq(mode, tiny_data,
     assert "the fast step is fp32" in gen.fast_reason
     with pytest.raises(ValueError, match="--int8 quantizes the decoder's fp32 weights"):
         FastSequenceGenerator([half], task.target_dictionary, int8=True, beam_size=5)
+
+
+@pytest.mark.parametrize("arch", ["transformer_tiny", "scaling_sparse_tiny", "scaling_sparse_loss_tiny"])
+def test_int8_says_what_it_quantized(arch, tiny_data, caplog):
+    """--int8 logs how many of the decoder's Linear layers, and which share of its weights, became int8
+    (the sparse models keep their sparse FFN blocks and multiplicative layers in fp32)."""
+    import logging
+    import re
+
+    from fairseq_ext.decoding.fast_generator import quantize_decoder_int8
+
+    _, _, model, _ = build(tiny_data, arch)
+    with caplog.at_level(logging.INFO, logger="fairseq_ext.decoding.fast_generator"):
+        quantize_decoder_int8(model)
+    m = re.search(r"--int8: (\d+) Linear layers of the decoder quantized, (\d+)% of its weights", caplog.text)
+    assert m, caplog.text
+    share = int(m.group(2))
+    if arch == "transformer_tiny":
+        assert share >= 95, share
+    else:
+        assert share < 95, share  # not everything: the message says so
