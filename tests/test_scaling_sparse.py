@@ -274,3 +274,22 @@ def test_block_size_message_suggests_distinct_widths():
     assert "128 or 128" not in str(small.value)
     with pytest.raises(ValueError, match=r"\(e\.g\. 256 or 320\)"):
         check_block_size(300, 64)
+
+
+def test_sparse_qkv_scope_decoder_self_is_trax_placement():
+    """--sparse-qkv-scope decoder-self: only the decoder's causal self-attention is sparse QKV; encoder
+    self-attention and cross-attention stay fairseq's dense attention (trax's encoder-decoder placement);
+    the default (all) replaces every attention."""
+    from fairseq.modules import MultiheadAttention
+
+    from fairseq_ext.modules.multiplicative import SparseQKVAttention
+    from fairseq_ext.tools.params import build_model
+
+    flags = ["--sparse-qkv-modules", "4", "--encoder-embed-dim", "64", "--decoder-embed-dim", "64"]
+    every = build_model("scaling_sparse_qkv_tiny", 1000, flags + ["--sparse-qkv-scope", "all"], device="cpu")
+    dec = build_model("scaling_sparse_qkv_tiny", 1000, flags, device="cpu")
+    for model, enc_type, cross_type in ((every, SparseQKVAttention, SparseQKVAttention),
+                                        (dec, MultiheadAttention, MultiheadAttention)):
+        assert all(type(l.self_attn) is enc_type for l in model.encoder.layers)
+        assert all(type(l.self_attn) is SparseQKVAttention for l in model.decoder.layers)
+        assert all(type(l.encoder_attn) is cross_type for l in model.decoder.layers)

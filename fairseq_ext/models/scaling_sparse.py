@@ -46,6 +46,9 @@ BIG_QKV_FFN_DIM = 7040
 BIG_FF_QKV_FFN_DIM = 6656  # the same with the sparse FFN's controller (d_lowrank = d_ff/N) counted
 
 
+QKV_SCOPES = ("all", "decoder-self")
+
+
 def sparse_defaults(args):
     """Unset Scaling Transformer flags: off (0) or None (= the module's default)."""
     args.sparse_ffn_block_size = getattr(args, "sparse_ffn_block_size", None) or 0
@@ -53,6 +56,7 @@ def sparse_defaults(args):
     args.sparse_ffn_temperature = getattr(args, "sparse_ffn_temperature", None)
     args.sparse_ffn_quant_prob = getattr(args, "sparse_ffn_quant_prob", None)
     args.sparse_qkv_modules = getattr(args, "sparse_qkv_modules", None) or 0
+    args.sparse_qkv_scope = getattr(args, "sparse_qkv_scope", None)
     args.sparse_qkv_kernel = getattr(args, "sparse_qkv_kernel", None)
     args.sparse_qkv_module_kernel = getattr(args, "sparse_qkv_module_kernel", None)
     args.sparse_loss = getattr(args, "sparse_loss", None) or 0
@@ -125,8 +129,8 @@ def validate_sparse_args(args, widths=None, require_sparse=True):
         if k is not None and (k < 1 or k % 2 == 0):
             raise ValueError(f"--sparse-qkv-module-kernel {k}: must be odd (zero-padded on both sides)")
     else:
-        for name in ("kernel", "module_kernel"):
-            if getattr(args, f"sparse_qkv_{name}") is not None:
+        for name in ("kernel", "module_kernel", "scope"):
+            if getattr(args, f"sparse_qkv_{name}", None) is not None:
                 raise ValueError(f"--sparse-qkv-{name.replace('_', '-')} applies to sparse QKV: "
                                  f"add --sparse-qkv-modules S")
     if args.sparse_loss < 0:
@@ -158,13 +162,14 @@ def sparsify(model, args):
         f = 3 if args.sparse_qkv_kernel is None else args.sparse_qkv_kernel
         k = 3 if args.sparse_qkv_module_kernel is None else args.sparse_qkv_module_kernel
         common = dict(num_modules=s, length_kernel=f, module_kernel=k, dropout=args.attention_dropout)
-        for layer in model.encoder.layers:
+        everywhere = (args.sparse_qkv_scope or "all") == "all"  # else decoder-self: trax's placement
+        for layer in model.encoder.layers if everywhere else []:
             layer.self_attn = SparseQKVAttention(args.encoder_embed_dim, args.encoder_attention_heads,
                                                  causal=False, **common)
         for layer in model.decoder.layers:
             d, heads = args.decoder_embed_dim, args.decoder_attention_heads
             layer.self_attn = SparseQKVAttention(d, heads, causal=True, **common)
-            if getattr(layer, "encoder_attn", None) is not None:
+            if everywhere and getattr(layer, "encoder_attn", None) is not None:
                 layer.encoder_attn = SparseQKVAttention(d, heads, causal=True, encoder_decoder_attention=True,
                                                         kdim=args.encoder_embed_dim, **common)
     if args.sparse_loss:
@@ -205,6 +210,11 @@ def add_sparse_args(parser):
                         "softmax mask (default 0.3)")
     g.add_argument("--sparse-qkv-modules", type=int, metavar="S",
                    help="sparse QKV attention with S modules of d/S dims (0: dense; paper: S = heads)")
+    g.add_argument("--sparse-qkv-scope", choices=QKV_SCOPES,
+                   help="which attentions sparse QKV replaces: all (default: encoder self-attention with a "
+                        "centred length kernel, decoder self- and cross-attention) or decoder-self (only the "
+                        "causal decoder self-attention, as trax's encoder-decoder Scaling Transformer; "
+                        "encoder self-attention and cross-attention stay dense)")
     g.add_argument("--sparse-qkv-kernel", type=int, metavar="F",
                    help="length kernel F of the sparse QKV convolutions (default 3)")
     g.add_argument("--sparse-qkv-module-kernel", type=int, metavar="K",
@@ -281,8 +291,10 @@ def scaling_sparse_ff_tiny(args):
 
 @register_model_architecture("scaling_sparse", "scaling_sparse_qkv_tiny")
 def scaling_sparse_qkv_tiny(args):
-    """Test size of scaling_sparse_qkv: sparse QKV (S = 4, F = 3) with a dense FFN (d_ff 128)."""
+    """Test size of scaling_sparse_qkv: sparse QKV (S = 4, F = 3) in the decoder self-attention only
+    (--sparse-qkv-scope decoder-self) with a dense FFN (d_ff 128)."""
     args.sparse_ffn_block_size = getattr(args, "sparse_ffn_block_size", 0)
+    args.sparse_qkv_scope = getattr(args, "sparse_qkv_scope", "decoder-self")
     scaling_sparse_tiny(args)
 
 
@@ -319,4 +331,5 @@ BAD_FLAGS = [
     ("scaling_sparse_tiny", ["--sparse-ffn-block-size", "0", "--sparse-ffn-lowrank", "4"],
      "--sparse-ffn-lowrank applies to a sparse FFN"),
     ("scaling_sparse_tiny", ["--sparse-ffn-block-size", "0", "--sparse-qkv-modules", "0"], "nothing is sparse"),
+    ("scaling_sparse_ff_tiny", ["--sparse-qkv-scope", "decoder-self"], "--sparse-qkv-scope applies to sparse QKV"),
 ]

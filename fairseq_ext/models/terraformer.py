@@ -341,6 +341,9 @@ def validate_args(args):
         if args.lsh_buckets < 2 or args.lsh_buckets % 2 or args.lsh_chunk < 1 or args.lsh_hashes < 1:
             raise ValueError(f"--lsh-buckets {args.lsh_buckets} must be even and >= 2, --lsh-chunk "
                              f"{args.lsh_chunk} and --lsh-hashes {args.lsh_hashes} >= 1")
+    if getattr(args, "sparse_qkv_scope", None) not in (None, "all"):
+        raise ValueError(f"--sparse-qkv-scope {args.sparse_qkv_scope}: the Terraformer has no cross-attention "
+                         f"and --sparse-qkv-modules makes each of its attention layers sparse; drop the flag")
     if getattr(args, "activation_fn", "relu") != "relu":
         raise ValueError(f"--activation-fn {args.activation_fn}: the Terraformer FFN is ReLU (trax's default)")
     for flag in UNSUPPORTED:
@@ -427,4 +430,5 @@ BAD_FLAGS = [
     ("terraformer_dense_tiny", ["--encoder-attention-heads", "5"], "divisible by --encoder-attention-heads 5"),
     ("terraformer_tiny", ["--lsh-attention", "both"], "--lsh-attention both and --sparse-qkv-modules"),
     ("terraformer_lsh_tiny", ["--lsh-buckets", "5"], "--lsh-buckets 5 must be even"),
+    ("terraformer_tiny", ["--sparse-qkv-scope", "decoder-self"], "the Terraformer has no cross-attention"),
 ]

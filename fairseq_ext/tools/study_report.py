@@ -140,10 +140,10 @@ def report(runs):
     base_tps = statistics.mean([r["train_tokens_per_s"] for r in base if r.get("train_tokens_per_s")] or [0]) or None
     base_dps = statistics.mean([r["decode_sentences_per_s"] for r in base if r.get("decode_sentences_per_s")] or [0]) or None
     order = [c for c in ["baseline", "one_wide_ffn", "shared_enc_no_dec", "can", "can_attention", "can_ffn",
-                         "sparse_ffn", "sparse_ffn_qkv", "sparse_ffn_128", "sas", "sas_sequential", "sas_nonorm"]
+                         "sparse_ffn", "sparse_ffn_qkv", "sparse_ffn_qkv_all", "sparse_ffn_128", "sas", "sas_sequential", "sas_nonorm"]
              if c in groups] + sorted(c for c in groups if c not in (
                  "baseline", "one_wide_ffn", "shared_enc_no_dec", "can", "can_attention", "can_ffn", "sparse_ffn",
-                 "sparse_ffn_qkv", "sparse_ffn_128", "sas", "sas_sequential", "sas_nonorm"))
+                 "sparse_ffn_qkv", "sparse_ffn_qkv_all", "sparse_ffn_128", "sas", "sas_sequential", "sas_nonorm"))
     for config in order:
         rs = sorted(groups[config], key=lambda r: r["seed"])
         vl, bl, cf = (mean_sd([metric(r, k) for r in rs]) for k in ("valid_loss", "bleu", "chrf"))
