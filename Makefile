@@ -1,31 +1,54 @@
-# `make demo` and `make test` each bootstrap .venv first (scripts/bootstrap.sh; idempotent).
+# `make demo` and `make test` each bootstrap .venv first (scripts/bootstrap.sh; idempotent). `make help`: targets.
 VENV ?= .venv
 PY := $(CURDIR)/$(VENV)/bin/python
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 PYTEST_ARGS ?=
 
-.PHONY: venv test demo bench bench-quick data-full clean-data
+.PHONY: venv help lint test demo study bench bench-quick data-full clean-data
 
+## venv         create .venv and install everything (the default target)
 venv:
 	./scripts/bootstrap.sh
 
+## help         list the targets
+help:
+	@sed -n 's/^## //p' $(MAKEFILE_LIST)
+
+## lint         ruff with the rules of ruff.toml (run by .ci/run before the tests)
+lint: venv
+	$(VENV)/bin/ruff check .
+
 # The test command (README, .ci/run). pytest exits 5 when it collected no test: that is a failure too.
-test: venv
+## test         the test suite (PYTEST_ARGS=... passes flags to pytest; installs CTranslate2 for the benchmark tests)
+test:
+	BENCH=1 ./scripts/bootstrap.sh
 	$(PY) -m pytest tests $(PYTEST_ARGS)
 
+## demo         train two tiny models, translate and score with them and with the shipped checkpoints
 demo: venv
 	./examples/demo.sh
 
-# Speed/memory comparisons against each paper's baseline (benchmarks/run_presets.py), into docs/benchmarks/
-bench: venv
+## study        the reproduction study into runs/study (docs/results/README.md; resumable: rerun to go on)
+study: venv
+	examples/study/run.sh runs/study
+
+# Speed/memory comparisons against each paper's baseline (benchmarks/run_presets.py), into docs/benchmarks/.
+# BENCH=1: the bootstrap adds the benchmark-only dependencies (CTranslate2: setup.py's [bench] extra).
+## bench        every benchmark preset, into docs/benchmarks/ (installs CTranslate2 first)
+bench:
+	BENCH=1 ./scripts/bootstrap.sh
 	$(PY) benchmarks/run_presets.py
 
-bench-quick: venv
+## bench-quick  the presets at small sizes, into runs/bench-quick
+bench-quick:
+	BENCH=1 ./scripts/bootstrap.sh
 	$(PY) benchmarks/run_presets.py --quick --out-dir runs/bench-quick
 
 # Rebuild the full EN-DE corpus from Debian packages (network to Debian's archive needed).
+## data-full    rebuild the full EN-DE corpus into data/en-de-full (needs Debian's archive)
 data-full: venv
 	./examples/data/prepare-en-de.sh data/en-de-full
 
+## clean-data   remove data-bin/
 clean-data:
 	rm -rf data-bin

@@ -1,4 +1,5 @@
-"""One decoding step of a CAN decoder sub-layer (CompressedAttention, Eq. 11 + 13), three ways (csrc issue).
+"""One decoding step of a CAN decoder sub-layer (CompressedAttention, Eq. 11 + 13), three ways (op:
+csrc/README.md).
 
     python benchmarks/can_step_speed.py [--d-model 512] [--heads 8] [--value-dim 2048] [--src-len 30]
         [--steps 40] [--beam 5] [--threads N] [--repeats 20] [--quick]

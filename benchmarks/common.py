@@ -1,8 +1,8 @@
 """Shared parts of the benchmark harness: building models by arch name, interleaved timing, peak
 memory sampling, memory-bandwidth measurement, result tables/JSON/plots.
 
-Conventions (DESIGN.md §3): candidates and baseline are measured in the same process, interleaved
-(A B A B ...) after a warm-up, and reported as medians and per-pair ratios; never asserted in tests.
+Conventions (docs/architecture.md, Benchmarks): candidates and baseline are measured in the same process,
+interleaved (A B A B ...) after a warm-up, and reported as medians and per-pair ratios; never asserted in tests.
 """
 import json
 import os

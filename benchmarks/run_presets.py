@@ -51,7 +51,8 @@ PRESETS = {
                                           ["--beam", "5", "--vocab", "8000"]),
     # One Wide FFN whose 49,152-unit shared FFN is top-1-of-64 sparse, vs the dense One Wide FFN
     "decode_one_wide_sparse_ffn": (decode_speed, "one_wide_ffn_big", ["one_wide_sparse_ffn_big"], []),
-    # Fast decoding path (issue 9): fairseq's SequenceGenerator vs fairseq_ext's fast step (fp32, int8 decoder)
+    # Fast decoding path (docs/decoding/README.md): fairseq's SequenceGenerator vs fairseq_ext's fast step
+    # (fp32, int8 decoder)
     # vs CTranslate2 (fp32, int8) on the same weights; batch 1, beam 5
     "decode_fast_big": (decode_speed, "transformer_wmt_en_de_big",
                         ["transformer_wmt_en_de_big+fast", "transformer_wmt_en_de_big+int8",

@@ -1,29 +1,41 @@
 #!/usr/bin/env bash
 # Translate a corpus' test set with a checkpoint and score it (sacrebleu BLEU + chrF, speed).
-#   examples/evaluate.sh MODEL_DIR CORPUS_DIR OUT_DIR [extra fairseq-generate flags...]
-# MODEL_DIR holds checkpoint.pt (or pass CKPT=path), spm.model, dict.en.txt, dict.de.txt, and
-# SHA256SUMS if it is a shipped model (verified first). TRAIN_LOG=path adds that fairseq-train log's
-# last validation (loss, perplexity) to score.json. GENERATE=fairseq-ext-generate decodes with the fast
-# path (add --int8 to the flags for its int8 decoder). The test set is tokenized with the model's own
-# SentencePiece model and binarized with its dictionary. Beam 5 by default.
+#   examples/evaluate.sh MODEL_DIR CORPUS_DIR OUT_DIR [--src XX --tgt YY] [extra fairseq-generate flags...]
+# The language pair: --src/--tgt (taken out of the flags) or SRC/TGT (env), default en de; CORPUS_DIR holds
+# test.XX.gz and test.YY.gz. MODEL_DIR holds checkpoint.pt (or pass CKPT=path), spm.model, dict.XX.txt,
+# dict.YY.txt, and SHA256SUMS if it is a shipped model (verified first). TRAIN_LOG=path adds that
+# fairseq-train log's last validation (loss, perplexity) to score.json. GENERATE=fairseq-ext-generate
+# decodes with the fast path (add --int8 to the flags for its int8 decoder). The test set is tokenized with
+# the model's own SentencePiece model and binarized with its dictionary. Beam 5 by default.
 set -euo pipefail
 model=$1; corpus=$2; out=$3; shift 3
 here=$(cd "$(dirname "$0")" && pwd)
+src=${SRC:-en}; tgt=${TGT:-de}; flags=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --src|--tgt) [ $# -ge 2 ] || { echo "evaluate.sh: $1 needs a value" >&2; exit 2; }
+                 if [ "$1" = --src ]; then src=$2; else tgt=$2; fi; shift 2 ;;
+    --src=*) src=${1#*=}; shift ;;
+    --tgt=*) tgt=${1#*=}; shift ;;
+    *) flags+=("$1"); shift ;;
+  esac
+done
 ckpt=${CKPT:-$model/checkpoint.pt}
 mkdir -p "$out"
 if [ -f "$model/SHA256SUMS" ]; then (cd "$model" && sha256sum --quiet -c SHA256SUMS) || {
   echo "checksum mismatch in $model (see SHA256SUMS)" >&2; exit 1; }; fi
 if [ ! -f "$out/bin/.done" ]; then
-  python "$here/data/tokenize_corpus.py" --corpus "$corpus" --out "$out" --apply "$model/spm.model" --splits test >/dev/null
+  python "$here/data/tokenize_corpus.py" --corpus "$corpus" --out "$out" --src "$src" --tgt "$tgt" \
+    --apply "$model/spm.model" --splits test >/dev/null
   rm -rf "$out/bin"
-  fairseq-preprocess --source-lang en --target-lang de --testpref "$out/tok/test" --destdir "$out/bin" \
-    --srcdict "$model/dict.en.txt" --tgtdict "$model/dict.de.txt" --workers "$(nproc)" > "$out/preprocess.log" 2>&1 \
+  fairseq-preprocess --source-lang "$src" --target-lang "$tgt" --testpref "$out/tok/test" --destdir "$out/bin" \
+    --srcdict "$model/dict.$src.txt" --tgtdict "$model/dict.$tgt.txt" --workers "$(nproc)" > "$out/preprocess.log" 2>&1 \
     || { cat "$out/preprocess.log"; exit 1; }
   touch "$out/bin/.done"
 fi
 "${GENERATE:-fairseq-generate}" "$out/bin" --user-dir "$here/../fairseq_ext" --cpu --path "$ckpt" --gen-subset test \
-  --source-lang en --target-lang de --beam 5 --max-tokens 6000 --scoring sacrebleu \
-  --post-process sentencepiece "$@" > "$out/generate.out" 2>&1 \
+  --source-lang "$src" --target-lang "$tgt" --beam 5 --max-tokens 6000 --scoring sacrebleu \
+  --post-process sentencepiece ${flags[@]+"${flags[@]}"} > "$out/generate.out" 2>&1 \
   || { tail -30 "$out/generate.out"; exit 1; }
 python -m fairseq_ext.tools.score "$out/generate.out" --copy-baseline --checkpoint "$ckpt" --json "$out/score.json" \
   ${TRAIN_LOG:+--train-log "$TRAIN_LOG"} 2>/dev/null

@@ -6,7 +6,8 @@
 # the last 5 epoch checkpoints kept, a log line every LOG_INTERVAL (env, default 50) updates.
 # --cpu unless torch sees a GPU. Precision by measurement (python -m fairseq_ext.tools.precision): --fp16 on a
 # GPU, --bf16 (autocast, fp32 weights) on a CPU with native bf16 that runs it faster, else fp32;
-# PRECISION=fp32|bf16|fp16 (env) overrides the choice.
+# PRECISION=fp32|bf16|fp16 (env) overrides the choice. The language pair: SRC/TGT (env, default en de; what
+# examples/data/binarize.sh --src/--tgt binarized), or --source-lang/--target-lang in the flags (later flags win).
 set -euo pipefail
 data=$1; save=$2; shift 2
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -22,7 +23,7 @@ case "${PRECISION:-auto}" in
 esac
 set -x
 fairseq-train "$data" --user-dir "$repo/fairseq_ext" "${device[@]}" "${precision[@]}" \
-  --task translation --source-lang en --target-lang de --dropout 0.1 \
+  --task translation --source-lang "${SRC:-en}" --target-lang "${TGT:-de}" --dropout 0.1 \
   --optimizer adam --adam-betas '(0.9, 0.98)' --clip-norm 0.0 \
   --lr 1e-3 --lr-scheduler inverse_sqrt --warmup-updates 500 --warmup-init-lr 1e-07 \
   --criterion label_smoothed_cross_entropy --label-smoothing 0.1 \

@@ -26,6 +26,15 @@ if not any(type(f).__name__ == "_NoTensorboardXHint" for f in _tts_logger.filter
     _tts_logger.addFilter(_NoTensorboardXHint())
 
 if _os.environ.get("FAIRSEQ_EXT_OPS_ONLY") != "1":
+    try:
+        import fairseq  # noqa: F401
+    except ModuleNotFoundError as _e:
+        if _e.name != "fairseq":
+            raise
+        raise ModuleNotFoundError(
+            "fairseq_ext is a fairseq 0.12 plugin and needs fairseq in this environment: on Python 3.11 "
+            "`pip install --no-deps fairseq-fixed==0.12.3.1` plus its runtime dependencies (README: Install "
+            "into your environment); FAIRSEQ_EXT_OPS_ONLY=1 imports only the kernels", name="fairseq") from None
     from . import compat  # noqa: F401  (must come first: checkpoint loading, registry guard)
     from . import models  # noqa: F401  (registers every architecture)
     from . import optim  # noqa: F401  (registers the optimizers: adam_no_decay_gains)

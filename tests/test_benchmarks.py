@@ -91,7 +91,7 @@ def test_decode_speed_fast_path_candidates(tmp_path):
 def test_decode_speed_ctranslate2_candidates(tmp_path):
     """NAME+ct2 / NAME+ct2int8: the same model converted to CTranslate2 (installed by scripts/bootstrap.sh
     as a benchmark-only dependency), doing the same forced-length work."""
-    pytest.importorskip("ctranslate2", reason="benchmark-only dependency; scripts/bootstrap.sh installs it")
+    pytest.importorskip("ctranslate2", reason="benchmark-only dependency: BENCH=1 scripts/bootstrap.sh (make test, make bench) installs it")
     names = [TINY[0], TINY[0] + "+ct2", TINY[0] + "+ct2int8"]
     decode_speed.main(["--baseline", names[0], "--candidates", *names[1:], "--quick", "--vocab", "500",
                        "--out-dir", str(tmp_path), "--name", "ct2"])
@@ -102,7 +102,7 @@ def test_decode_speed_ctranslate2_candidates(tmp_path):
 def test_ctranslate2_conversion_scores_like_fairseq():
     """The converted model gives fairseq's log-probabilities for a given target (so the speed comparison
     runs the same network), and models CTranslate2 cannot map are refused with the reason."""
-    pytest.importorskip("ctranslate2", reason="benchmark-only dependency; scripts/bootstrap.sh installs it")
+    pytest.importorskip("ctranslate2", reason="benchmark-only dependency: BENCH=1 scripts/bootstrap.sh (make test, make bench) installs it")
     import ct2
     import torch
 

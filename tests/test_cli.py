@@ -2,7 +2,6 @@
 train -> resume -> average -> generate (sacrebleu) -> interactive, with no environment variable
 touching torch.load, and a crafted checkpoint refused."""
 import os
-import pickle
 import re
 
 import pytest

@@ -1,11 +1,10 @@
 """The compatibility layer: double import, fairseq data batching, checkpoint loading safety."""
-import importlib
 import subprocess
 import sys
 
 import numpy as np
 
-from conftest import REPO, clean_env
+from conftest import clean_env
 from matrix import USER_DIR
 
 
@@ -98,3 +97,11 @@ print(lg.isEnabledFor(logging.INFO), bool(lg.filter(rec('Please install tensorbo
       bool(lg.filter(rec('Teacher forcing mode for generation'))))
 """)
     assert out.split() == ["True", "False", "True"], out
+
+
+def test_missing_fairseq_is_a_clear_error(tmp_path):
+    """Without fairseq, importing the package names what to install (not a bare "No module named")."""
+    (tmp_path / "fairseq.py").write_text("raise ModuleNotFoundError(\"No module named 'fairseq'\", name='fairseq')\n")
+    p = subprocess.run([sys.executable, "-c", "import fairseq_ext"], capture_output=True, text=True, cwd="/",
+                       env=clean_env(PYTHONPATH=str(tmp_path)))
+    assert p.returncode != 0 and "fairseq-fixed==0.12.3.1" in p.stderr, p.stderr[-2000:]

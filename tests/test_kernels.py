@@ -1,5 +1,5 @@
-"""csrc kernels against their PyTorch references (DESIGN.md §3: float64 reference, odd shapes, NaN
-poisoning of what must not be read, determinism, opcheck), and models with vs without kernels.
+"""csrc kernels against their PyTorch references (docs/architecture.md, Kernels: float64 reference, odd
+shapes, NaN poisoning of what must not be read, determinism, opcheck), and models with vs without kernels.
 The extension is part of the install (scripts/bootstrap.sh builds it); these tests fail, not skip,
 when it is missing, unless the install opted out with FAIRSEQ_EXT_NO_BUILD=1.
 

@@ -8,7 +8,7 @@ import importlib
 import pytest
 import torch
 
-from matrix import build, eval_loss, fixed_batch, is_lm, matrix_archs, parse_args
+from matrix import build, eval_loss, fixed_batch, is_lm, matrix_archs
 
 ARCHS = matrix_archs()
 

@@ -46,8 +46,8 @@ class HalfwayKill:
         return getattr(self.f, name)
 
 
-import fairseq_ext  # noqa: E402  (installs the package's patches)
-from fairseq_ext import checkpointing  # noqa: E402
+import fairseq_ext  # noqa: E402, F401  (installs the package's patches)
+from fairseq_ext import checkpointing  # noqa: E402, F401  (patched by the faults below)
 
 _save, _replace, _copyfileobj = torch.save, os.replace, shutil.copyfileobj
 

@@ -2,12 +2,13 @@
 """Learn a joint subword model on a parallel corpus and apply it to every split.
 
     python examples/data/tokenize_corpus.py --corpus data/en-de-sample --out data-bin/en-de-sample \
-        [--tokenizer spm|bpe] [--vocab 8000]
+        [--src en --tgt de] [--tokenizer spm|bpe] [--vocab 8000]
 
-Reads {train,valid,test}.{src,tgt}.gz, writes OUT/tok/{split}.{lang} (one tokenized sentence per
-line) and the model: OUT/spm.model (SentencePiece, joint unigram model, Python API: the PyPI wheel
-has no spm_train) or OUT/bpe.codes (subword-nmt joint BPE with --vocab merges). Detokenize with
-fairseq-generate's `--post-process sentencepiece` or `--post-process subword_nmt`.
+Reads {train,valid,test}.{SRC,TGT}.gz (the language pair of --src/--tgt, default en de), writes
+OUT/tok/{split}.{lang} (one tokenized sentence per line) and the model: OUT/spm.model (SentencePiece,
+joint unigram model, Python API: the PyPI wheel has no spm_train) or OUT/bpe.codes (subword-nmt joint
+BPE with --vocab merges). Detokenize with fairseq-generate's `--post-process sentencepiece` or
+`--post-process subword_nmt`.
 With --apply MODEL (an spm.model or bpe.codes), applies that model instead of learning one, e.g. to
 prepare a test set for a shipped checkpoint: --apply shipped/X/spm.model --splits test.
 """
@@ -24,8 +25,8 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--corpus", required=True)
     p.add_argument("--out", required=True)
-    p.add_argument("--src", default="en")
-    p.add_argument("--tgt", default="de")
+    p.add_argument("--src", default="en", help="source language suffix of the corpus files (default en)")
+    p.add_argument("--tgt", default="de", help="target language suffix of the corpus files (default de)")
     p.add_argument("--tokenizer", choices=["spm", "bpe"], default="spm")
     p.add_argument("--vocab", type=int, default=8000,
                    help="SentencePiece vocabulary size, or number of BPE merges (default 8000)")

@@ -1,7 +1,7 @@
 """Model families of fairseq_ext. Importing this package registers every architecture.
 
-One small file per family (DESIGN.md §1). A new family adds its module name to FAMILIES; its
-`*_tiny` archs then join the shared test matrix in tests/ with no new test code.
+One small file per family (docs/architecture.md: Layout, Contributing). A new family adds its module name
+to FAMILIES; its `*_tiny` archs then join the shared test matrix in tests/ with no new test code.
 """
 import importlib
 

@@ -18,7 +18,7 @@ from fairseq.models.transformer.transformer_legacy import base_architecture, tra
 from fairseq.modules import PositionalEmbedding
 from fairseq.modules.fairseq_dropout import FairseqDropout
 from fairseq.modules.quant_noise import quant_noise
-from fairseq.models.transformer import Embedding, TransformerModel
+from fairseq.models.transformer import Embedding
 from torch import Tensor, nn
 
 from ..compat import register_model, register_model_architecture

@@ -1,1 +1,1 @@
-"""Building blocks shared by the model families (DESIGN.md §1). Each is usable on its own."""
+"""Building blocks shared by the model families (docs/architecture.md, Layout). Each is usable on its own."""

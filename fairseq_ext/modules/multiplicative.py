@@ -1,5 +1,6 @@
 """Multiplicative dense layer, sparse QKV attention and sparse loss layer of Scaling Transformers
-(Jaszczur et al. 2021, §3.2-3.3, Fig. 4), with the details of the official trax code (DESIGN.md §4).
+(Jaszczur et al. 2021, §3.2-3.3, Fig. 4), with the details of the official trax code (docs/architecture.md,
+"Papers and their official code").
 
 MultiplicativeDense:  y[s, m] = Σ_i x_i D[i, s] E[i, m]    (§3.2; D: d×S, E: d×M, M = d/S outputs per module)
 ModuleConv:           a 2-D convolution over (length, modules) of the (T, B, S, M) tensor with M input and

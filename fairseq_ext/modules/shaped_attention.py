@@ -1,5 +1,6 @@
 """Shaped attention and the simplified Transformer blocks of He & Hofmann 2024 ("Simplifying Transformer
-Blocks"), with the details of the official code (DESIGN.md §4).
+Blocks"), with the details of the authors' official code
+(docs/architecture.md, "Papers and their official code").
 
 Shaped attention, per head h (the paper's shaped-attention equation):
     A_h = α_h·I + β_h·softmax(Q Kᵀ/√d_h + mask) − γ_h·C
@@ -142,7 +143,7 @@ class ShapedAttention(nn.Module):
 
 
 class SimplifiedBlock(nn.Module):
-    """SAS / SAS-P block (DESIGN.md §4), optionally with a pre-norm cross-attention sub-block:
+    """SAS / SAS-P block (He & Hofmann 2024, Fig. 1), optionally with a pre-norm cross-attention sub-block:
       SAS    h = ShapedAttn(Norm(x)) [+ CrossAttn(Norm(h)) with skip];  out = h + β_FF·MLP(Norm(h))
       SAS-P  n = Norm(x);  out = ShapedAttn(n) + β_FF·MLP(n)                  (no skip at all)
     MLP: two bias-free linear layers with ReLU; β_FF trainable, initialised 0.1. `norm=False`: the

@@ -1,5 +1,5 @@
 """Top-1-of-N sparse feedforward layer of Scaling Transformers (Jaszczur et al. 2021, §3.1, Fig. 2),
-with the details of the official trax code (DESIGN.md §4):
+with the details of the official trax code (docs/architecture.md, "Papers and their official code"):
 
     Controller(x) = argmax(Reshape(x·C1·C2 + c, (-1, N)))          (§3.1, controller; low-rank C1·C2)
     Y_sparse      = max(0, x·W1) ⊙ Controller(x)                     (§3.1, first equation; W1 has no bias)

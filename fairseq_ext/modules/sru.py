@@ -1,5 +1,5 @@
 """Simple recurrent unit (Lei et al. 2017) and Terraformer's low-rank recurrence (Jaszczur et al. 2021,
-§4.3), as in the official trax code (DESIGN.md §4):
+§4.3), as in the official trax code (docs/architecture.md, "Papers and their official code"):
 
     y_t, f_t, r_t = W x_t + b   split in three; f_t = σ(.), r_t = σ(.)          (SRU Eq. 1-3)
     c_t = f_t ⊙ c_{t-1} + (1 − f_t) ⊙ y_t                                      (SRU Eq. 4)

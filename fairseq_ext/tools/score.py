@@ -11,7 +11,6 @@ also scores the source sentences as if they were translations: the trivial refer
 import argparse
 import json
 import re
-import sys
 
 
 def parse_generate_output(text):
