@@ -66,9 +66,9 @@ def reference(tiny_data, tmp_path_factory):
     return save, trace
 
 
-# kill points: inside checkpoint writes (an interval save, an epoch save), before a rename, during the
-# copy onto checkpoint_last.pt, and at updates in the middle of epochs 1, 2 and 5 (7 updates per epoch)
-KILLS = ["write:2", "write:5", "rename:3", "copy:4", "step:4", "step:12", "step:31"]
+# kill points, one of each kind: inside a checkpoint write (an epoch save), before a rename, during the
+# copy onto checkpoint_last.pt, and at an update in the middle of epoch 2 (7 updates per epoch)
+KILLS = ["write:5", "rename:3", "copy:4", "step:12"]
 
 
 @pytest.mark.parametrize("kill", KILLS)
