@@ -162,3 +162,30 @@ def test_fast_generate_translates_as_fairseq_generate(trained, tiny_data):
     assert len(hyps(outs[0])) == 100 and hyps(outs[1]) == hyps(outs[0])
     bleu = [l for out in outs for l in out.splitlines() if l.startswith("Generate test")]
     assert len(bleu) == 2 and bleu[0] == bleu[1]
+
+
+def test_python_loading_translates_as_fairseq_interactive():
+    """README's Python example (fairseq's hub interface after `import fairseq_ext`) on the shipped model gives
+    fairseq-interactive's translations (README's command-line example), beam 5."""
+    import subprocess
+
+    import fairseq_ext  # noqa: F401  (registers the package's models: any arch loads this way)
+    from fairseq.models.transformer import TransformerModel
+
+    from conftest import clean_env
+
+    model_dir = os.path.join(REPO, "shipped", "en-de-small-baseline")
+    sentences = ["The house is small.", "Thank you very much.", "Where is the station?"]
+    hub = TransformerModel.from_pretrained(model_dir, checkpoint_file="checkpoint.pt", data_name_or_path=model_dir,
+                                           bpe="sentencepiece", sentencepiece_model=os.path.join(model_dir, "spm.model"),
+                                           source_lang="en", target_lang="de")
+    hub.eval()
+    python = hub.translate(sentences, beam=5)
+    p = subprocess.run(
+        ["fairseq-interactive", model_dir, "--user-dir", USER_DIR, "--cpu", "--path",
+         os.path.join(model_dir, "checkpoint.pt"), "--source-lang", "en", "--target-lang", "de", "--beam", "5",
+         "--bpe", "sentencepiece", "--sentencepiece-model", os.path.join(model_dir, "spm.model")],
+        input="\n".join(sentences) + "\n", capture_output=True, text=True, env=clean_env(), cwd=REPO, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    cli = [line.split("\t")[2] for line in p.stdout.splitlines() if line.startswith("D-")]
+    assert python == cli and all(python), (python, cli)
