@@ -293,3 +293,20 @@ def test_sparse_qkv_scope_decoder_self_is_trax_placement():
         assert all(type(l.self_attn) is enc_type for l in model.encoder.layers)
         assert all(type(l.self_attn) is SparseQKVAttention for l in model.decoder.layers)
         assert all(type(l.encoder_attn) is cross_type for l in model.decoder.layers)
+
+
+@pytest.mark.parametrize("d,s,rows", [(12, 3, 1), (20, 4, 7), (24, 6, 64), (24, 6, 65)])
+def test_multiplicative_layer_decodes_in_factored_form(d, s, rows):
+    """An eval forward of few rows (a decoding step) computes y from D and E (d·(S+M) weights read), never
+    materialising W = D⊗E (d·S·M); its result equals the W product (the training path) on odd shapes."""
+    from fairseq_ext.modules.multiplicative import FACTORED_MAX_ROWS, MultiplicativeDense
+
+    torch.manual_seed(0)
+    layer = MultiplicativeDense(d, s, d // s).eval()
+    x = torch.randn(rows, 1, d)
+    reference = torch.matmul(x, (layer.D.unsqueeze(2) * layer.E.unsqueeze(1)).flatten(1)).unflatten(-1, (s, d // s))
+    with torch.no_grad():
+        y = layer(x)
+    assert torch.allclose(y, reference, atol=1e-5, rtol=1e-5)
+    built = "W" in layer.__dict__.get("_eval_cache", {})
+    assert built == (rows > FACTORED_MAX_ROWS), f"{rows} rows: W materialised = {built}"

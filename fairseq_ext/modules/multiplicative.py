@@ -33,6 +33,9 @@ from .eval_cache import EvalCached
 from .kv_cache import append_to_cache, attention_softmax, mask_scores
 
 
+FACTORED_MAX_ROWS = 64  # eval forwards of at most this many rows (decoding steps) use the factored form
+
+
 class MultiplicativeDense(EvalCached):
     """y[s, m] = Σ_i x_i D[i, s] E[i, m] (§3.2). (…, d) -> (…, S, M). d·S + d·M parameters; the
     layer can represent any permutation of its input (Theorem 1)."""
@@ -55,8 +58,17 @@ class MultiplicativeDense(EvalCached):
         return self._cached("W", (self.D, self.E), lambda: (self.D.unsqueeze(2) * self.E.unsqueeze(1)).flatten(1))
 
     def forward(self, x):
+        if not self.training and x.numel() <= FACTORED_MAX_ROWS * x.size(-1):
+            return self.factored(x)
         # y[s, m] = Σ_i x_i D[i, s] E[i, m] = (x W)[s·M + m]  (§3.2)
         return torch.matmul(x, self.weight()).unflatten(-1, (self.num_modules, self.module_dim))  # (…, S, M)
+
+    def factored(self, x):
+        """The same y from D and E themselves (§3.2, as trax's einsum '...d,ds,dm->...sm'): per row, x scaled
+        by each module's column of D, then one product with E. Reads d·(S + M) weights instead of W's d·S·M
+        (d² for sparse QKV, d·V for the sparse loss layer): what a decoding step with few rows is bound by."""
+        scaled = (x.unsqueeze(-1) * self.D).transpose(-1, -2)  # (…, S, d): x_i D[i, s]
+        return torch.matmul(scaled, self.E)  # (…, S, M)
 
 
 def conv_patch_matrix(weight: Tensor) -> Tensor:
