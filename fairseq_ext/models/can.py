@@ -141,8 +141,6 @@ class CANModel(OneWideFFNModel):
             if getattr(args, flag) not in (None, False, "independent"):
                 raise ValueError(f"--{flag.replace('_', '-')}: CAN decoder layers have no separate FFN or attention "
                                  "to share (the encoder options --encoder-ffn-sharing etc. apply)")
-        if args.can_value_dim <= 0:
-            raise ValueError(f"--can-value-dim {args.can_value_dim}: must be > 0")
         heads = args.decoder_attention_heads
         if args.can_value_dim % heads or args.decoder_embed_dim % heads:
             raise ValueError(f"--can-value-dim {args.can_value_dim} and --decoder-embed-dim {args.decoder_embed_dim} "

@@ -127,9 +127,6 @@ def validate_args(args):
         if mode in ("independent", "none", "encoder"):
             raise ValueError(f"--{side}-shared-ffn-dim applies to shared FFNs, but --{side}-ffn-sharing is "
                              f"'{mode}' (use --{side}-ffn-embed-dim for independent FFNs)")
-        if width <= 0:
-            raise ValueError(f"--{side}-shared-ffn-dim {width}: the width of a kept FFN must be > 0 "
-                             f"(to drop the FFN use --{side}-ffn-sharing none)")
     if dec_mode == "encoder":
         if enc_mode != "shared":
             raise ValueError("--decoder-ffn-sharing encoder (SharedEncDec) needs --encoder-ffn-sharing shared "

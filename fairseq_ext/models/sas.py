@@ -69,8 +69,6 @@ def validate_sas_args(args, encoder_decoder):
     if getattr(args, "activation_fn", "relu") != "relu":
         raise ValueError(f"SAS blocks use a ReLU MLP (official code): --activation-fn {args.activation_fn} "
                          "is not supported")
-    if args.sas_beta_ff_init < 0:
-        raise ValueError(f"--sas-beta-ff-init {args.sas_beta_ff_init}: must be >= 0")
 
 
 def _block(cfg, args, side, index, causal, cross=None):

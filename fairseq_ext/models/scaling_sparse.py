@@ -85,9 +85,7 @@ def _ffn_widths(args):
 def validate_sparse_args(args, widths=None, require_sparse=True):
     """Build-time checks of the Scaling Transformer flags (errors name the flags and the fix). `widths`:
     (width, flag) of every FFN (default: per the One Wide FFN placement flags)."""
-    n = args.sparse_ffn_block_size
-    if n < 0:
-        raise ValueError(f"--sparse-ffn-block-size {n}: use N >= 2 for a sparse FFN, 0 for a dense one")
+    n = args.sparse_ffn_block_size  # the ranges of the numeric flags: SPARSE_RANGES, checked with the arch
     if n:
         for width, flag in (widths if widths is not None else _ffn_widths(args)):
             check_block_size(width, n, width_flag=flag)
@@ -96,20 +94,12 @@ def validate_sparse_args(args, widths=None, require_sparse=True):
                              f"multiplies ReLU outputs, §3.1), got '{args.activation_fn}'")
         if getattr(args, "quant_noise_pq", 0):
             raise ValueError("--quant-noise-pq cannot be combined with --sparse-ffn-block-size")
-        if args.sparse_ffn_lowrank is not None and args.sparse_ffn_lowrank < 1:
-            raise ValueError(f"--sparse-ffn-lowrank {args.sparse_ffn_lowrank}: must be >= 1")
-        if args.sparse_ffn_temperature is not None and args.sparse_ffn_temperature < 0:
-            raise ValueError(f"--sparse-ffn-temperature {args.sparse_ffn_temperature}: must be >= 0")
-        if args.sparse_ffn_quant_prob is not None and not 0 <= args.sparse_ffn_quant_prob <= 1:
-            raise ValueError(f"--sparse-ffn-quant-prob {args.sparse_ffn_quant_prob}: must be in [0, 1]")
     else:
         for name in ("lowrank", "temperature", "quant_prob"):
             if getattr(args, f"sparse_ffn_{name}") is not None:
                 raise ValueError(f"--sparse-ffn-{name.replace('_', '-')} applies to a sparse FFN: "
                                  f"add --sparse-ffn-block-size N")
     s = args.sparse_qkv_modules
-    if s < 0:
-        raise ValueError(f"--sparse-qkv-modules {s}: use S >= 1 for sparse QKV, 0 for dense attention")
     if s:
         for side in ("encoder", "decoder"):
             d = getattr(args, f"{side}_embed_dim")
@@ -123,18 +113,11 @@ def validate_sparse_args(args, widths=None, require_sparse=True):
                      "cross_self_attention"):
             if getattr(args, flag, False):
                 raise ValueError(f"--{flag.replace('_', '-')} cannot be combined with --sparse-qkv-modules")
-        f, k = args.sparse_qkv_kernel, args.sparse_qkv_module_kernel
-        if f is not None and f < 1:
-            raise ValueError(f"--sparse-qkv-kernel {f}: the length kernel F must be >= 1")
-        if k is not None and (k < 1 or k % 2 == 0):
-            raise ValueError(f"--sparse-qkv-module-kernel {k}: must be odd (zero-padded on both sides)")
     else:
         for name in ("kernel", "module_kernel", "scope"):
             if getattr(args, f"sparse_qkv_{name}", None) is not None:
                 raise ValueError(f"--sparse-qkv-{name.replace('_', '-')} applies to sparse QKV: "
                                  f"add --sparse-qkv-modules S")
-    if args.sparse_loss < 0:
-        raise ValueError(f"--sparse-loss {args.sparse_loss}: use S >= 2 for a sparse loss layer, 0 for dense")
     if args.sparse_loss and getattr(args, "adaptive_softmax_cutoff", None):
         raise ValueError("--sparse-loss cannot be combined with --adaptive-softmax-cutoff")
     if require_sparse and not (n or s or args.sparse_loss):

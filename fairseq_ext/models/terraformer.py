@@ -329,18 +329,13 @@ def validate_args(args):
         raise ValueError(f"--encoder-embed-dim {args.encoder_embed_dim} and --decoder-embed-dim "
                          f"{args.decoder_embed_dim} must match: the Terraformer decoder runs over the "
                          f"concatenation of the encoder output and the target embeddings (§4.1)")
-    if args.decoder_attention_layers < 1:
-        raise ValueError(f"--decoder-attention-layers {args.decoder_attention_layers}: must be >= 1")
-    if args.sru_dim < 0 or args.sru_layers < 1:
-        raise ValueError(f"--sru-dim {args.sru_dim} / --sru-layers {args.sru_layers}: use --sru-dim 0 for no "
-                         f"recurrence, else a positive width and --sru-layers >= 1")
+    # numeric ranges (layers, widths, LSH sizes, heads dividing widths): FLAG_RANGES, checked with the arch
     if args.lsh_attention != "none":
         if args.sparse_qkv_modules:
             raise ValueError(f"--lsh-attention {args.lsh_attention} and --sparse-qkv-modules both replace the "
                              f"attention: choose one (--sparse-qkv-modules 0 for LSH)")
-        if args.lsh_buckets < 2 or args.lsh_buckets % 2 or args.lsh_chunk < 1 or args.lsh_hashes < 1:
-            raise ValueError(f"--lsh-buckets {args.lsh_buckets} must be even and >= 2, --lsh-chunk "
-                             f"{args.lsh_chunk} and --lsh-hashes {args.lsh_hashes} >= 1")
+        if args.lsh_buckets % 2:
+            raise ValueError(f"--lsh-buckets {args.lsh_buckets} must be even and >= 2")
     if getattr(args, "sparse_qkv_scope", None) not in (None, "all"):
         raise ValueError(f"--sparse-qkv-scope {args.sparse_qkv_scope}: the Terraformer has no cross-attention "
                          f"and --sparse-qkv-modules makes each of its attention layers sparse; drop the flag")
@@ -350,10 +345,6 @@ def validate_args(args):
         if getattr(args, flag, None) not in (None, False, 0):
             raise ValueError(f"--{flag.replace('_', '-')} does not apply to the Terraformer (no cross-attention, "
                              f"reversible layers recompute activations already)")
-    for side in ("encoder", "decoder"):
-        d, heads = getattr(args, f"{side}_embed_dim"), getattr(args, f"{side}_attention_heads")
-        if d % heads:
-            raise ValueError(f"--{side}-embed-dim {d} must be divisible by --{side}-attention-heads {heads}")
     if getattr(args, "adaptive_softmax_cutoff", None):
         raise ValueError("--adaptive-softmax-cutoff does not apply to the Terraformer")
     validate_sparse_args(args, widths=[(args.encoder_ffn_embed_dim, "--encoder-ffn-embed-dim"),
