@@ -10,16 +10,10 @@
 set -euo pipefail
 model=$1; corpus=$2; out=$3; shift 3
 here=$(cd "$(dirname "$0")" && pwd)
-src=${SRC:-en}; tgt=${TGT:-de}; flags=()
-while [ $# -gt 0 ]; do
-  case "$1" in
-    --src|--tgt) [ $# -ge 2 ] || { echo "evaluate.sh: $1 needs a value" >&2; exit 2; }
-                 if [ "$1" = --src ]; then src=$2; else tgt=$2; fi; shift 2 ;;
-    --src=*) src=${1#*=}; shift ;;
-    --tgt=*) tgt=${1#*=}; shift ;;
-    *) flags+=("$1"); shift ;;
-  esac
-done
+source "$here/lang_pair.sh"
+src=${SRC:-en}; tgt=${TGT:-de}
+take_lang_pair evaluate.sh "$@"
+flags=(${rest[@]+"${rest[@]}"})
 ckpt=${CKPT:-$model/checkpoint.pt}
 mkdir -p "$out"
 if [ -f "$model/SHA256SUMS" ]; then (cd "$model" && sha256sum --quiet -c SHA256SUMS) || {

@@ -8,16 +8,9 @@
 set -euo pipefail
 corpus=$1; out=$2; shift 2
 here=$(cd "$(dirname "$0")" && pwd)
-src=en; tgt=de; rest=()
-while [ $# -gt 0 ]; do
-  case "$1" in
-    --src|--tgt) [ $# -ge 2 ] || { echo "binarize.sh: $1 needs a value" >&2; exit 2; }
-                 if [ "$1" = --src ]; then src=$2; else tgt=$2; fi; shift 2 ;;
-    --src=*) src=${1#*=}; shift ;;
-    --tgt=*) tgt=${1#*=}; shift ;;
-    *) rest+=("$1"); shift ;;
-  esac
-done
+source "$here/../lang_pair.sh"
+src=en; tgt=de
+take_lang_pair binarize.sh "$@"
 if [ "$src" = "$tgt" ]; then echo "binarize.sh: --src and --tgt are both '$src'" >&2; exit 2; fi
 if [ -f "$out/bin/.done" ]; then echo "$out/bin is ready"; exit 0; fi
 python "$here/tokenize_corpus.py" --corpus "$corpus" --out "$out" --src "$src" --tgt "$tgt" ${rest[@]+"${rest[@]}"}
