@@ -124,6 +124,10 @@ class CANDecoder(TransformerDecoderBase):
 class CANModel(OneWideFFNModel):
     """Deep encoder (any One Wide FFN encoder option) + CAN decoder."""
 
+    # One Wide FFN decoder options: a CAN layer has no separate decoder FFN or attention to share
+    REFUSED_FLAGS = ("decoder_ffn_sharing", "decoder_num_shared_ffns", "decoder_shared_ffn_dim",
+                     "share_decoder_self_attn", "share_decoder_cross_attn")
+
     @classmethod
     def add_args(cls, parser):
         super().add_args(parser)
@@ -136,8 +140,7 @@ class CANModel(OneWideFFNModel):
     @classmethod
     def build_model(cls, args, task):
         can_defaults(args)
-        for flag in ("decoder_ffn_sharing", "decoder_num_shared_ffns", "decoder_shared_ffn_dim",
-                     "share_decoder_self_attn", "share_decoder_cross_attn"):
+        for flag in cls.REFUSED_FLAGS:
             if getattr(args, flag) not in (None, False, "independent"):
                 raise ValueError(f"--{flag.replace('_', '-')}: CAN decoder layers have no separate FFN or attention "
                                  "to share (the encoder options --encoder-ffn-sharing etc. apply)")
