@@ -4,7 +4,7 @@ PY := $(CURDIR)/$(VENV)/bin/python
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 PYTEST_ARGS ?=
 
-.PHONY: venv help lint test demo study bench bench-quick data-full clean-data
+.PHONY: venv help lint test demo study docs bench bench-quick data-full clean-data
 
 ## venv         create .venv and install everything (the default target)
 venv:
@@ -38,6 +38,11 @@ study: venv
 bench:
 	BENCH=1 ./scripts/bootstrap.sh
 	$(PY) benchmarks/run_presets.py
+	$(PY) -m fairseq_ext.tools.docs --write
+
+## docs         regenerate every results/benchmark/flags table of README.md and docs/ from the committed data
+docs: venv
+	$(PY) -m fairseq_ext.tools.docs --write
 
 ## bench-quick  the presets at small sizes, into runs/bench-quick
 bench-quick:

@@ -28,7 +28,7 @@ for spec in "$@"; do
         --output "$save/averaged.pt" >/dev/null 2>&1
       ckpt="$save/averaged.pt"
     fi
-    cp "$out/data/spm.model" "$out/data/bin/dict.en.txt" "$out/data/bin/dict.de.txt" "$save/"
+    cp "$out/data/spm.model" "$out/data/bin/dict.${SRC:-en}.txt" "$out/data/bin/dict.${TGT:-de}.txt" "$save/"
     # shellcheck disable=SC2086
     CKPT="$ckpt" TRAIN_LOG="$out/$name.train.log" "$ex/evaluate.sh" "$save" "$corpus" "$out/$name-eval" \
       ${EVAL_FLAGS:-} > "$out/$name.score.txt"

@@ -5,12 +5,14 @@
 # test.XX.gz and test.YY.gz. MODEL_DIR holds checkpoint.pt (or pass CKPT=path), spm.model, dict.XX.txt,
 # dict.YY.txt, and SHA256SUMS if it is a shipped model (verified first). TRAIN_LOG=path adds that
 # fairseq-train log's last validation (loss, perplexity) to score.json. GENERATE=fairseq-ext-generate
-# decodes with the fast path (add --int8 to the flags for its int8 decoder). The test set is tokenized with
+# decodes with the fast path (add --int8 to the flags for its int8 decoder). On a CUDA device it decodes in fp16
+# (PRECISION=fp32 keeps fp32), elsewhere on the CPU. The test set is tokenized with
 # the model's own SentencePiece model and binarized with its dictionary. Beam 5 by default.
 set -euo pipefail
 model=$1; corpus=$2; out=$3; shift 3
 here=$(cd "$(dirname "$0")" && pwd)
 source "$here/lang_pair.sh"
+source "$here/device.sh"
 src=${SRC:-en}; tgt=${TGT:-de}
 take_lang_pair evaluate.sh "$@"
 flags=(${rest[@]+"${rest[@]}"})
@@ -27,7 +29,7 @@ if [ ! -f "$out/bin/.done" ]; then
     || { cat "$out/preprocess.log"; exit 1; }
   touch "$out/bin/.done"
 fi
-"${GENERATE:-fairseq-generate}" "$out/bin" --user-dir "$here/../fairseq_ext" --cpu --path "$ckpt" --gen-subset test \
+"${GENERATE:-fairseq-generate}" "$out/bin" --user-dir "$here/../fairseq_ext" "${decode_device[@]}" --path "$ckpt" --gen-subset test \
   --source-lang "$src" --target-lang "$tgt" --beam 5 --max-tokens 6000 --scoring sacrebleu \
   --post-process sentencepiece ${flags[@]+"${flags[@]}"} > "$out/generate.out" 2>&1 \
   || { tail -30 "$out/generate.out"; exit 1; }
