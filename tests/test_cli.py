@@ -58,6 +58,29 @@ def test_average_checkpoints_then_generate(trained, tiny_data, tmp_path):
     assert "BLEU" in _generate(tiny_data, avg)
 
 
+def test_exported_checkpoint_decodes_the_same_and_names_no_build_folder(trained, tiny_data, tmp_path):
+    """export_checkpoint: no optimizer state, no --user-dir path of the training machine, same translations
+    (fp32); fp16 weights load into the fp32 model. The shipped checkpoint is such an export."""
+    from fairseq_ext.compat import load_checkpoint
+    from fairseq_ext.tools.export_checkpoint import export
+
+    save, _, _ = trained
+    src = save / "checkpoint_last.pt"
+    out = tmp_path / "export.pt"
+    export(str(src), str(out))
+    state = load_checkpoint(out)
+    assert state["cfg"]["common"]["user_dir"] is None and state["cfg"]["model"].user_dir is None
+    assert "last_optimizer_state" not in state
+    hyps = lambda text: sorted(l for l in text.splitlines() if l.startswith("H-"))  # noqa: E731
+    assert hyps(_generate(tiny_data, out)) == hyps(_generate(tiny_data, src))
+    export(str(src), str(tmp_path / "half.pt"), fp16=True)
+    assert {v.dtype for v in load_checkpoint(tmp_path / "half.pt")["model"].values()
+            if torch.is_floating_point(v)} == {torch.float16}
+    assert "BLEU" in _generate(tiny_data, tmp_path / "half.pt")
+    shipped = load_checkpoint(os.path.join(REPO, "shipped", "en-de-small-baseline", "checkpoint.pt"))
+    assert shipped["cfg"]["common"]["user_dir"] is None
+
+
 def test_average_checkpoints_refuses_bad_input(trained, tmp_path, capsys):
     """Bad counts are refused before anything is read; checkpoints of different models are named with
     the parameter that differs; nothing is written at --output in either case."""

@@ -2,7 +2,8 @@
 
     python -m fairseq_ext.tools.export_checkpoint IN.pt OUT.pt [--fp16]
 
-Drops the optimizer state and training-only entries (kept: cfg/args, model, the number of updates),
+Drops the optimizer state and training-only entries (kept: cfg/args, model, the number of updates) and the
+build machine's --user-dir path (a shipped file names no folder of the machine that trained it),
 optionally stores floating-point weights in fp16 (fairseq loads them into an fp32 model as usual),
 writes atomically, and prints the parameter count, the size and the sha256 of the result.
 """
@@ -26,6 +27,20 @@ def count_parameters(state_dict):
     return params
 
 
+def _drop_user_dir(cfg):
+    """cfg/args without --user-dir (an absolute path of the training machine; loading does not need it)."""
+    if cfg is None:
+        return None
+    for section in ([cfg] if not hasattr(cfg, "get") or "common" not in cfg else [cfg.get("common"), cfg.get("model")]):
+        if section is None:
+            continue
+        if hasattr(section, "__setitem__") and "user_dir" in section:
+            section["user_dir"] = None
+        elif hasattr(section, "user_dir"):
+            section.user_dir = None
+    return cfg
+
+
 def export(src, dst, fp16=False):
     state = load_checkpoint(src)
     model = state["model"]
@@ -38,8 +53,8 @@ def export(src, dst, fp16=False):
                 model[k] = converted.setdefault(key, v.half())
     history = state.get("optimizer_history") or []
     out = {
-        "args": state.get("args"),
-        "cfg": state.get("cfg"),
+        "args": _drop_user_dir(state.get("args")),
+        "cfg": _drop_user_dir(state.get("cfg")),
         "model": model,
         # fairseq reads the last entry when it loads a checkpoint; keep only the numbers, not the optimizer
         "optimizer_history": history[-1:],
