@@ -12,17 +12,9 @@ set -euo pipefail
 data=$1; save=$2; shift 2
 repo=$(cd "$(dirname "$0")/.." && pwd)
 mkdir -p "$save"
-device=(--cpu)
-python -c 'import torch,sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null && device=()
-case "${PRECISION:-auto}" in
-  auto) read -r -a precision <<< "$(python -m fairseq_ext.tools.precision)" ;;
-  fp32) precision=() ;;
-  bf16) precision=(--bf16) ;;
-  fp16) precision=(--fp16) ;;
-  *) echo "PRECISION=${PRECISION}: use auto, fp32, bf16 or fp16" >&2; exit 2 ;;
-esac
+source "$repo/examples/device.sh"
 set -x
-fairseq-train "$data" --user-dir "$repo/fairseq_ext" "${device[@]}" "${precision[@]}" \
+fairseq-train "$data" --user-dir "$repo/fairseq_ext" "${train_device[@]}" "${precision[@]}" \
   --task translation --source-lang "${SRC:-en}" --target-lang "${TGT:-de}" --dropout 0.1 \
   --optimizer adam --adam-betas '(0.9, 0.98)' --clip-norm 0.0 \
   --lr 1e-3 --lr-scheduler inverse_sqrt --warmup-updates 500 --warmup-init-lr 1e-07 \

@@ -8,7 +8,8 @@
 # Training as the paper: context 128 (--tokens-per-sample), AdamW lr 1e-3 (weight decay 0.1, none on
 # gains, norms and biases: --optimizer adam_no_decay_gains), no dropout; 4,096 tokens (32 sequences)
 # per batch; validation every VALID_EVERY updates (env, default 100) so that
-# examples/sas/compare_lm.sh can draw loss-per-step and loss-per-second curves.
+# examples/sas/compare_lm.sh can draw loss-per-step and loss-per-second curves. Device and precision as
+# examples/train.sh (examples/device.sh; PRECISION=fp32|bf16|fp16 overrides).
 set -euo pipefail
 size=$1; block=$2; data=$3; save=$4; shift 4
 repo=$(cd "$(dirname "$0")/../.." && pwd)
@@ -22,11 +23,10 @@ case "$size" in
   tiny)  dims=(--decoder-layers 2 --decoder-embed-dim 64 --decoder-ffn-embed-dim 256 --decoder-attention-heads 4) ;;
   *) echo "unknown SIZE '$size' (paper|small|tiny)" >&2; exit 2 ;;
 esac
-device=(--cpu)
-python -c 'import torch,sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null && device=()
+source "$repo/examples/device.sh"  # train_device, precision (as examples/train.sh)
 mkdir -p "$save"
 set -x
-fairseq-train "$data" --user-dir "$repo/fairseq_ext" "${device[@]}" --task language_modeling \
+fairseq-train "$data" --user-dir "$repo/fairseq_ext" "${train_device[@]}" "${precision[@]}" --task language_modeling \
   --arch "$arch" "${dims[@]}" --tokens-per-sample 128 --sample-break-mode none \
   --optimizer adam_no_decay_gains --adam-betas '(0.9, 0.95)' --weight-decay 0.1 --clip-norm 1.0 \
   --lr 1e-3 --lr-scheduler inverse_sqrt --warmup-updates 200 --warmup-init-lr 1e-07 \

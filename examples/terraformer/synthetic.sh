@@ -29,11 +29,10 @@ if [ ! -f "$data/bin/dict.src.txt" ]; then
 fi
 "$here/../train.sh" "$data/bin" "$save" "${arch[@]}" "${DIMS[@]}" --source-lang src --target-lang tgt \
   --label-smoothing 0 --max-update "${MAX_UPDATE:-2000}" --no-epoch-checkpoints "$@"
-device=(--cpu)
-python -c 'import torch,sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null && device=()
+source "$here/../device.sh"
 # the answer is at most one digit longer than the longest operand: max length = source length + 2
 for split in valid test; do
-  fairseq-generate "$data/bin" --user-dir "$here/../../fairseq_ext" "${device[@]}" --source-lang src \
+  fairseq-generate "$data/bin" --user-dir "$here/../../fairseq_ext" "${decode_device[@]}" --source-lang src \
     --target-lang tgt --gen-subset "$split" --path "$save/checkpoint_last.pt" --beam 1 \
     --max-len-a 1 --max-len-b 2 --batch-size 50 > "$save/generate-$split.txt"
   python -m fairseq_ext.tools.synthetic score "$save/generate-$split.txt" --json "$save/score-$split.json"

@@ -6,7 +6,7 @@ import torch
 
 
 def linear_cka(a, b):
-    """Linear Centered Kernel Alignment (Kornblith et al. 2019; One Wide FFN Eq. 3):
+    """Linear Centered Kernel Alignment (Kornblith et al. 2019; One Wide FFN §2.3, unnumbered):
     CKA(A, B) = ||Bᵀ A||²_F / (||Aᵀ A||_F ||Bᵀ B||_F) on column-centered A, B. Computed in float64.
     Invariant to orthogonal transforms and isotropic scaling of either side; 1 for identical spaces."""
     a = a.double() - a.double().mean(0, keepdim=True)
@@ -25,7 +25,7 @@ def knn_sets(x, k):
 
 
 def local_neighborhood_similarity(a, b, k=None, fraction=0.05):
-    """LNS (One Wide FFN Eq. 4): mean over sentences of the Jaccard similarity (intersection over
+    """LNS (One Wide FFN §2.3, unnumbered): mean over sentences of the Jaccard similarity (intersection over
     union) of the sentence's k-nearest-neighbour sets in the two spaces; k = 5% of the set by default."""
     n = a.size(0)
     if b.size(0) != n:

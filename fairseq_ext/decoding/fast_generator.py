@@ -19,8 +19,8 @@ generic incremental decoding (shown for the Transformer stepper; CAN and SAS in 
   layouts sum in another order, so scores agree to ~1e-6 and hypotheses are token-identical
   (tests/test_fast_generator.py).
 
-Transformer Big, batch 1, beam 5 on 2 cores: 1.58x fairseq's generator in fp32, 2.91x with the int8
-decoder; figures, profile and the CTranslate2 comparison in docs/decoding/README.md.
+Speed against fairseq's generator and CTranslate2, per architecture: the generated tables of
+docs/decoding/README.md (`python benchmarks/run_presets.py --only decode_fast_big ...`).
 
 Supported (steppers.py): one model whose decoder is fairseq's TransformerDecoderBase with layers of one
 kind: fairseq's Transformer layers (stock transformer, transformer_balanced, every One Wide FFN placement
@@ -29,8 +29,7 @@ scaling_sparse / _qkv; MultiheadAttention without bias_kv / zero_attn, no cross-
 scaling, attention LayerNorm or adaptive softmax), CAN layers (--can-compress all) or SAS blocks. Other
 incremental encoder-decoders (the CAN ablations, Terraformer) take the generic mode
 (`OwnStepEnsembleModel`: their own step, the kernel output projection, the two-stage top-k) with a
-one-line notice saying why (`unsupported_reason`); ensembles use fairseq's step. CAN 1.22x, SAS 1.37x
-and scaling_sparse 1.65x fairseq's generator (docs/decoding/README.md).
+one-line notice saying why (`unsupported_reason`); ensembles use fairseq's step.
 """
 import logging
 import warnings

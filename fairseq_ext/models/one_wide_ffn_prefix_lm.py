@@ -139,6 +139,9 @@ class PrefixLMTranslationModel(FairseqEncoderDecoderModel):
     """Decoder-only translation (prefix LM) with One Wide FFN's decoder FFN options."""
     no_alignment = ("is a prefix language model over source and target as one sequence (no "
                     "encoder-decoder attention to read an alignment from)")
+    # One Wide FFN's encoder and cross-attention options: a decoder-only model has neither
+    REFUSED_FLAGS = ("encoder_ffn_sharing", "encoder_num_shared_ffns", "encoder_shared_ffn_dim",
+                     "share_encoder_self_attn", "share_decoder_cross_attn")
 
     @classmethod
     def add_args(cls, parser):
@@ -148,8 +151,7 @@ class PrefixLMTranslationModel(FairseqEncoderDecoderModel):
     def build_model(cls, args, task):
         one_wide_ffn_defaults(args)
         base_architecture(args)
-        for flag in ("encoder_num_shared_ffns", "encoder_shared_ffn_dim", "share_encoder_self_attn",
-                     "share_decoder_cross_attn"):
+        for flag in cls.REFUSED_FLAGS[1:]:
             if getattr(args, flag):
                 raise ValueError(f"--{flag.replace('_', '-')}: a decoder-only model has no encoder/cross-attention "
                                  "(only --decoder-ffn-sharing / --decoder-shared-ffn-dim / --share-decoder-self-attn apply)")

@@ -37,9 +37,11 @@ BASELINES = {"sas_block": "transformer", "sas_block_tiny": "transformer_tiny", "
              "sas_p_lm": "preln_lm", "sas_p_nonorm_lm": "preln_lm"}
 
 
-def add_sas_args(parser):
+def add_sas_args(parser, encoder=True):
+    """The family's flags; a decoder-only LM (encoder=False) has no --sas-encoder-block to set."""
     g = parser.add_argument_group("Simplified Transformer blocks (SAS / SAS-P)")
-    g.add_argument("--sas-encoder-block", choices=BLOCKS, help="encoder block (default sas_p)")
+    if encoder:
+        g.add_argument("--sas-encoder-block", choices=BLOCKS, help="encoder block (default sas_p)")
     g.add_argument("--sas-decoder-block", choices=BLOCKS,
                    help="decoder block (default sas; sas_p only for decoder-only LMs: no cross-attention)")
     g.add_argument("--sas-no-norm", action="store_true",
@@ -191,7 +193,7 @@ class SASLanguageModel(TransformerLanguageModel):
     def add_args(cls, parser):
         # no defaults from the dataclass, so that the arch functions set them (as fairseq does)
         gen_parser_from_dataclass(parser, TransformerLanguageModelConfig(), delete_default=True)
-        add_sas_args(parser)
+        add_sas_args(parser, encoder=False)
 
     @classmethod
     def build_model(cls, args, task):

@@ -67,7 +67,7 @@ class PrefixLMLayer(nn.Module):
         residual = x
         if self.normalize_before:
             x = self.final_layer_norm(x)
-        x = self.fc2(self.activation_dropout_module(self.activation_fn(self.fc1(x))))  # FFN, Eq. 2
+        x = self.fc2(self.activation_dropout_module(self.activation_fn(self.fc1(x))))  # FFN, Eq. 1
         x = residual + self.dropout_module(x)
         if not self.normalize_before:
             x = self.final_layer_norm(x)

@@ -3,8 +3,8 @@ the weight once for all rows (kernels: csrc/few_rows_linear.cpp, csrc/cpu/few_ro
 
     y = few_rows_linear(x, weight, bias)      x: (..., K), weight: (N, K), bias: (N) or None -> (..., N)
 
-At 3-16 rows MKL's GEMM packs the weight on every call: 9-10 GB/s on this machine when the weights are
-not in cache (as in a decoding step), where the kernel streams them at 15-18 GB/s (figures in
+At 3-16 rows MKL's GEMM packs the weight on every call, so it reads the weights more slowly than a kernel
+that streams each weight row once for all rows (its effect on whole decoding steps: the tables of
 docs/decoding/README.md). One or two rows stay on F.linear (MKL is as fast there).
 `F.linear` is the reference and the fallback.
 """

@@ -64,6 +64,10 @@ def _bench_modules():
             "can_step": can_step_speed.table, "train_precision": train_precision.table}
 
 
+SCRIPTS = {"decode": "decode_speed.py", "train": "train_speed.py", "sparse_ffn": "sparse_ffn_speed.py",
+           "can_step": "can_step_speed.py", "train_precision": "train_precision.py"}
+
+
 def _int_keys(o):
     """JSON turns the batch-size keys into strings; the benchmark tables index them as ints."""
     if isinstance(o, dict):
@@ -96,7 +100,7 @@ def block_bench(args):
     out = []
     for preset in args:
         r = load_bench(preset)
-        cmd = command(preset) if _is_preset(preset) else f"benchmarks/{r['kind']} ({preset}.json)"
+        cmd = command(preset) if _is_preset(preset) else f"python benchmarks/{SCRIPTS[r['kind']]} ... ({preset}.json)"
         out.append(f"`{cmd}` — {machine(r)}:\n\n{bench_table(r)}")
     return "\n\n".join(out)
 
