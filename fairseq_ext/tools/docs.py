@@ -3,7 +3,7 @@
     python -m fairseq_ext.tools.docs            # check: lists the blocks that differ, exit 1 if any
     python -m fairseq_ext.tools.docs --write    # rewrite them (and the study's tables)
 
-A block in README.md or any docs/**/*.md is
+A block in README.md, any docs/**/*.md or shipped/*/README.md is
 
     <!-- docs:KIND ARGS -->
     (generated text)
@@ -227,6 +227,7 @@ KINDS = {"bench": block_bench, "headline": block_headline, "scores": block_score
 def doc_files():
     files = [os.path.join(REPO, "README.md")]
     files += sorted(glob.glob(os.path.join(REPO, "docs", "**", "*.md"), recursive=True))
+    files += sorted(glob.glob(os.path.join(REPO, "shipped", "*", "README.md")))
     return files
 
 
