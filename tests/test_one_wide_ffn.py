@@ -156,3 +156,39 @@ def test_readme_sharing_settings_build_on_every_one_wide_arch(arch):
             build_model(arch, 1000, flags)
         except ValueError as e:
             raise AssertionError(f"{arch} with README's '{name}' setting {' '.join(flags)}: {e}") from None
+
+
+def test_shared_ffn_lr_scale_gives_the_shared_ffn_its_own_learning_rate():
+    """--shared-ffn-lr-scale S: adam_no_decay_gains puts the shared FFN's weights in groups at S × the
+    scheduler's rate (group 0 keeps the scheduler's rate); one Adam step moves them S times as far."""
+    import torch
+    from fairseq.optim.adam import FairseqAdamConfig
+    from omegaconf import OmegaConf
+
+    from fairseq_ext.optim import AdamNoDecayGains
+
+    model = build_model("one_wide_ffn_tiny", 100, ["--shared-ffn-lr-scale", "0.25",
+                                                   "--optimizer", "adam_no_decay_gains"], device="cpu")
+    shared = {id(p) for p in model.encoder.layers[0].fc1.parameters()} | \
+        {id(p) for p in model.encoder.layers[0].fc2.parameters()}
+    assert model.encoder.layers[0].fc1 is model.encoder.layers[1].fc1
+    assert all(getattr(p, "lr_scale", 1) == (0.25 if id(p) in shared else 1) for p in model.parameters())
+    cfg = OmegaConf.structured(FairseqAdamConfig(lr=[1e-3], weight_decay=0.0, tpu=False))
+    opt = AdamNoDecayGains(cfg, list(model.parameters()))
+    opt.set_lr(2e-3)
+    assert opt.get_lr() == 2e-3
+    for g in opt.param_groups:
+        ids = {id(p) for p in g["params"]}
+        assert g["lr"] == (5e-4 if ids <= shared else 2e-3) and (ids <= shared or not ids & shared)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    for p in model.parameters():
+        p.grad = torch.ones_like(p)
+    opt.step()
+    fc1 = "encoder.layers.0.fc1.weight"
+    q_proj = "encoder.layers.0.self_attn.q_proj.weight"
+    moved = {n: (p.detach() - before[n]).abs().mean().item() for n, p in model.named_parameters()}
+    assert moved[fc1] == pytest.approx(0.25 * moved[q_proj], rel=0.05)
+    with pytest.raises(ValueError, match="--shared-ffn-lr-scale 0.5 needs --optimizer adam_no_decay_gains"):
+        build_model("one_wide_ffn_tiny", 100, ["--shared-ffn-lr-scale", "0.5", "--optimizer", "adam"])
+    with pytest.raises(ValueError, match="no FFN is shared"):
+        build_model("one_wide_ffn_tiny", 100, ["--shared-ffn-lr-scale", "0.5", "--encoder-ffn-sharing", "independent"])

@@ -29,7 +29,8 @@ from ..modules.feedforward import SHARING_MODES, ffn_sharing_plan
 from .common import DIM, Range, tiny_dims
 
 # numeric flags of this family and their valid values (checked for every arch: compat.register_model_architecture)
-FLAG_RANGES = {"encoder_num_shared_ffns": DIM, "decoder_num_shared_ffns": DIM, **{
+FLAG_RANGES = {"encoder_num_shared_ffns": DIM, "decoder_num_shared_ffns": DIM,
+               "shared_ffn_lr_scale": Range(above=0.0, hint="1 = the learning rate of every other weight"), **{
     f"{side}_shared_ffn_dim": Range(low=1, integer=True, hint=f"to drop the {side} FFNs use --{side}-ffn-sharing none")
     for side in ("encoder", "decoder")}}
 
@@ -163,6 +164,11 @@ class OneWideFFNModel(TransformerModel):
                        help="width d_ff' of the shared encoder FFN(s) (default: --encoder-ffn-embed-dim)")
         g.add_argument("--decoder-shared-ffn-dim", type=int, metavar="D",
                        help="width d_ff' of the shared decoder FFN(s) (default: --decoder-ffn-embed-dim)")
+        g.add_argument("--shared-ffn-lr-scale", type=float, metavar="S",
+                       help="learning rate of every FFN used by more than one layer = S × --lr (default 1; needs "
+                            "--optimizer adam_no_decay_gains). Adam moves each weight by about lr per update "
+                            "whatever the gradient's size, and a shared weight acts in every layer that uses "
+                            "it: S = 1/layers gives the shared FFN the per-layer step of unshared FFNs")
         g.add_argument("--share-encoder-self-attn", action="store_true",
                        help="one set of encoder self-attention weights for all encoder layers")
         g.add_argument("--share-decoder-self-attn", action="store_true",
@@ -201,9 +207,35 @@ def apply_sharing(model, args, plans):
                 pool[m] = (layer.build_fc1(d, width, layer.quant_noise, layer.quant_noise_block_size),
                            layer.build_fc2(width, d, layer.quant_noise, layer.quant_noise_block_size))
             layer.fc1, layer.fc2 = pool[m]
+    _scale_shared_lr(model, args)
     _tie_attention(model.encoder.layers, "self_attn", args.share_encoder_self_attn)
     _tie_attention(model.decoder.layers, "self_attn", args.share_decoder_self_attn)
     _tie_attention(model.decoder.layers, "encoder_attn", args.share_decoder_cross_attn)
+
+
+def _scale_shared_lr(model, args):
+    """Mark the parameters of every FFN used by more than one layer with `lr_scale` (--shared-ffn-lr-scale),
+    which adam_no_decay_gains turns into a parameter group with lr × scale."""
+    scale = getattr(args, "shared_ffn_lr_scale", None)
+    if scale is None or scale == 1:
+        return
+    if getattr(args, "optimizer", None) not in (None, "adam_no_decay_gains"):
+        raise ValueError(f"--shared-ffn-lr-scale {scale} needs --optimizer adam_no_decay_gains (the optimizer "
+                         f"that gives the shared FFN its own learning rate); got --optimizer {args.optimizer}")
+    uses = {}
+    for side in (model.encoder, model.decoder):
+        for layer in side.layers:
+            fc1 = getattr(layer, "fc1", None)
+            if fc1 is not None:
+                uses[id(fc1)] = uses.get(id(fc1), 0) + 1
+    shared = [layer for side in (model.encoder, model.decoder) for layer in side.layers
+              if getattr(layer, "fc1", None) is not None and uses[id(layer.fc1)] > 1]
+    if not shared:
+        raise ValueError(f"--shared-ffn-lr-scale {scale}: no FFN is shared by two layers "
+                         "(use it with --encoder-ffn-sharing / --decoder-ffn-sharing shared, sequence, cycle ...)")
+    for layer in shared:
+        for p in (*layer.fc1.parameters(), *layer.fc2.parameters()):
+            p.lr_scale = scale
 
 
 def _tie_attention(layers, name, share):
@@ -222,7 +254,7 @@ def one_wide_ffn_defaults(args):
     args.encoder_ffn_sharing = getattr(args, "encoder_ffn_sharing", None) or "independent"
     args.decoder_ffn_sharing = getattr(args, "decoder_ffn_sharing", None) or "independent"
     for name in ("encoder_num_shared_ffns", "decoder_num_shared_ffns", "encoder_shared_ffn_dim",
-                 "decoder_shared_ffn_dim"):
+                 "decoder_shared_ffn_dim", "shared_ffn_lr_scale"):
         setattr(args, name, getattr(args, name, None))
     for name in ("share_encoder_self_attn", "share_decoder_self_attn", "share_decoder_cross_attn"):
         setattr(args, name, getattr(args, name, False))

@@ -141,7 +141,7 @@ class PrefixLMTranslationModel(FairseqEncoderDecoderModel):
                     "encoder-decoder attention to read an alignment from)")
     # One Wide FFN's encoder and cross-attention options: a decoder-only model has neither
     REFUSED_FLAGS = ("encoder_ffn_sharing", "encoder_num_shared_ffns", "encoder_shared_ffn_dim",
-                     "share_encoder_self_attn", "share_decoder_cross_attn")
+                     "share_encoder_self_attn", "share_decoder_cross_attn", "shared_ffn_lr_scale")
 
     @classmethod
     def add_args(cls, parser):
@@ -151,7 +151,11 @@ class PrefixLMTranslationModel(FairseqEncoderDecoderModel):
     def build_model(cls, args, task):
         one_wide_ffn_defaults(args)
         base_architecture(args)
-        for flag in cls.REFUSED_FLAGS[1:]:
+        if getattr(args, "shared_ffn_lr_scale", None) not in (None, 1):
+            raise ValueError("--shared-ffn-lr-scale: not implemented for the prefix LM (models one_wide_ffn, can, "
+                             "scaling_sparse have it)")
+        for flag in ("encoder_num_shared_ffns", "encoder_shared_ffn_dim", "share_encoder_self_attn",
+                     "share_decoder_cross_attn"):
             if getattr(args, flag):
                 raise ValueError(f"--{flag.replace('_', '-')}: a decoder-only model has no encoder/cross-attention "
                                  "(only --decoder-ffn-sharing / --decoder-shared-ffn-dim / --share-decoder-self-attn apply)")
