@@ -101,6 +101,27 @@ def bytes_per_step(model, bsz, beam, src_len, tgt_len):
     return 4 * (dec + kv + enc_only / (tgt_len + 1))
 
 
+def int8_saving(model):
+    """Bytes an int8 decoder does not read: 3 of the 4 bytes of every decoder nn.Linear weight (what
+    `--int8` quantizes; the output projection included). Call before the model is quantized."""
+    return 3 * sum(m.weight.numel() for m in model.decoder.modules() if isinstance(m, torch.nn.Linear))
+
+
+def encoder_ms(model, sample, repeats=5):
+    """Median milliseconds of the encoder over the sample's sources (run once per sentence in decoding)."""
+    import time
+
+    net = sample["net_input"]
+    times = []
+    with torch.inference_mode():
+        model.encoder(net["src_tokens"], src_lengths=net["src_lengths"])  # warm-up
+        for _ in range(repeats):
+            t = time.perf_counter()
+            model.encoder(net["src_tokens"], src_lengths=net["src_lengths"])
+            times.append(1000 * (time.perf_counter() - t))
+    return sorted(times)[len(times) // 2]
+
+
 def with_peak_rss(decode, name, peaks):
     """decode() wrapped to record its peak RSS increase in peaks[name]."""
     def fn():
@@ -116,6 +137,7 @@ def run(models, baseline, batch_sizes, beam, src_len, tgt_len, repeats, warmup, 
     names = [baseline] + [n for n in models if n != baseline]
     result = {"kind": "decode", "baseline": baseline,
               "settings": {"beam": beam, "src_len": src_len, "tgt_len": tgt_len, "repeats": repeats,
+                           "vocab": len(models[baseline][1].target_dictionary),
                            "warmup": warmup, "batch_sizes": batch_sizes, "threads": threads},
               "machine": common.machine_info(threads), "bandwidth_gb_s": bandwidth / 1e9,
               "models": {n: {"params": common.count_parameters(models[n][0]), "results": {}} for n in names},
@@ -133,12 +155,19 @@ def run(models, baseline, batch_sizes, beam, src_len, tgt_len, repeats, warmup, 
 def _run_batches(models, names, baseline, batch_sizes, beam, src_len, tgt_len, repeats, warmup, threads, seed,
                  result, workers):
     bandwidth = result["bandwidth_gb_s"] * 1e9
+    # bytes a step reads, taken before --int8 quantizes a decoder (int8: a quarter of its Linear weights'; the
+    # CTranslate2 models read the same weights and caches as the fp32 model, or as the int8 decoder)
+    step_bytes = {(name, bsz): bytes_per_step(models[name][0], bsz, beam, src_len, tgt_len)
+                  - (int8_saving(models[name][0]) if name.endswith((INT8, "ct2int8")) else 0)
+                  for name in names for bsz in batch_sizes}
     for bsz in batch_sizes:
-        fns, peaks = {}, {}
+        fns, peaks, enc_ms = {}, {}, {}
         for name in names:
             model, task = models[name]
             vocab = len(task.target_dictionary)
             sample = make_sample(bsz, src_len, vocab, task.target_dictionary.eos(), seed)
+            if not ct2_suffix(name):
+                enc_ms[name] = encoder_ms(model, sample)
             if ct2_suffix(name):
                 if name not in workers:  # converted here, run in its own process (benchmarks/ct2.py)
                     ctype = ct2.SUFFIXES[ct2_suffix(name)]
@@ -163,9 +192,11 @@ def _run_batches(models, names, baseline, batch_sizes, beam, src_len, tgt_len, r
             steps = tgt_len + 1
             tok_s = [bsz * tgt_len / t for t in times[name]]
             ms_step = [1000 * t / steps for t in times[name]]
-            roof_ms = 1000 * bytes_per_step(model, bsz, beam, src_len, tgt_len) / bandwidth
+            nbytes = step_bytes[name, bsz]
+            roof_ms = 1000 * nbytes / bandwidth
             med_ms = common.summary(ms_step)["median"]
             result["models"][name]["results"][bsz] = {
+                "bytes_per_step": nbytes, "encoder_ms": enc_ms.get(name),
                 "seconds": times[name], "tokens_per_s": common.summary(tok_s),
                 "ms_per_step": common.summary(ms_step), "peak_rss_delta_mb": peaks[name] / 2**20,
                 "roofline_ms_per_step": roof_ms, "roofline_pct": 100 * roof_ms / med_ms}

@@ -12,6 +12,8 @@ A block in README.md, any docs/**/*.md or shipped/*/README.md is
 KIND and ARGS:
 - `bench PRESET ...`: the table of docs/benchmarks/PRESET.json (as `benchmarks/run_presets.py --only PRESET`
   writes PRESET.md), with the command and the machine it ran on;
+- `roofline [PRESET]`: per family, bytes per step, roofline, fp32 and int8 ms/step, encoder time, ratios
+  (from docs/benchmarks/decode_roofline.json, see ROOFLINE);
 - `headline`: each paper's speed claim beside our ratio (from the benchmark files above, see HEADLINE);
 - `scores [--copy-baseline] NAME=PATH ...`: a results table of score files (`tools.score --json`);
 - `synthetic DIR`: sequence/token accuracy of the Terraformer generalisation runs under DIR;
@@ -48,6 +50,59 @@ HEADLINE = [
     ("decode_fast_big", "transformer_wmt_en_de_big+ct2int8", "CTranslate2 int8 vs fairseq-generate, Big", "-"),
     ("train_precision", "baseline", "bf16 autocast vs fp32 training, baseline (d 256)", "-"),
 ]
+
+
+# The roofline table: (model, the paper's baseline for it, the paper's speed ratio and setting)
+ROOFLINE = [
+    ("transformer_wmt_en_de_big", None, ""),
+    ("one_wide_ffn_big", "transformer_wmt_en_de_big", "1.24× (V100, beam 5)"),
+    ("scaling_sparse_ff", "transformer_wmt_en_de_big", "1.72× (CPU, greedy)"),
+    ("scaling_sparse_qkv", "transformer_wmt_en_de_big", "1.05× (CPU, greedy)"),
+    ("scaling_sparse", "transformer_wmt_en_de_big", "2.62× (CPU, greedy)"),
+    ("one_wide_sparse_ffn_big", "one_wide_ffn_big", ""),
+    ("transformer_balanced", None, ""),
+    ("can_decoder", "transformer_balanced", "1.42× (GPU, beam 4)"),
+    ("transformer", None, ""),
+    ("sas_block", "transformer", ""),
+    ("terraformer", "scaling_sparse", "0.71× (§4.4: 0.086 vs 0.061 s/token)"),
+]
+
+
+def block_roofline(args):
+    """Per family: bytes a step reads, the roofline time at the bandwidth measured in the same run, measured
+    ms/step on the fast path in fp32 and with the int8 decoder, % of roofline, encoder time per sentence,
+    the ratio against the paper's baseline on the same path, the byte-bound ratio, the paper's ratio."""
+    r = load_bench(args[0] if args else "decode_roofline")
+    bsz = min(r["settings"]["batch_sizes"])
+    res = {n: m["results"][bsz] for n, m in r["models"].items()}
+
+    def cell(name):
+        return res.get(name)
+
+    rows = []
+    for model, base, paper in ROOFLINE:
+        f, q = cell(model + "+fast"), cell(model + "+int8")
+        if f is None:
+            continue
+        b = cell(base + "+fast") if base else None
+        mb = f"{f['bytes_per_step'] / 1e6:.0f}" + (f" / {q['bytes_per_step'] / 1e6:.0f}" if q else "")
+        ms = f"{f['ms_per_step']['median']:.1f}" + (f" / {q['ms_per_step']['median']:.1f}" if q else "")
+        pct = f"{f['roofline_pct']:.0f}%" + (f" / {q['roofline_pct']:.0f}%" if q else "")
+        ratio = bound = "-"
+        if b:
+            ratio = f"{b['ms_per_step']['median'] / f['ms_per_step']['median']:.2f}×"
+            bound = f"{b['bytes_per_step'] / f['bytes_per_step']:.2f}×"
+        rows.append(f"| {model} | {base or '-'} | {mb} | {f['roofline_ms_per_step']:.1f} | {ms} | {pct} | "
+                    f"{f['encoder_ms']:.0f} | {ratio} | {bound} | {paper or '-'} |")
+    s = r["settings"]
+    head = (f"`{command('decode_roofline')}` — {machine(r)}; memory bandwidth measured in the run "
+            f"{r['bandwidth_gb_s']:.1f} GB/s; batch {bsz}, beam {s['beam']}, source {s['src_len']} tokens, "
+            f"{s['tgt_len']} target tokens, vocabulary {s.get('vocab', 32000):,}, random weights at the paper's dims; fast path "
+            "(`fairseq-ext-generate`), fp32 / `--int8` decoder.\n\n")
+    return head + "\n".join(
+        ["| model | paper's baseline | MB read per step fp32 / int8 | roofline ms/step fp32 | measured ms/step "
+         "fp32 / int8 | % of roofline fp32 / int8 | encoder ms per sentence | speed vs baseline (fp32) | "
+         "byte-bound ratio | paper |", "|---|---|---|---|---|---|---|---|---|---|"] + rows)
 
 
 def _bench_modules():
@@ -220,7 +275,7 @@ def block_flags(archs):
     return "\n".join(head + rows)
 
 
-KINDS = {"bench": block_bench, "headline": block_headline, "scores": block_scores, "synthetic": block_synthetic,
+KINDS = {"bench": block_bench, "roofline": block_roofline, "headline": block_headline, "scores": block_scores, "synthetic": block_synthetic,
          "flags": block_flags}
 
 
