@@ -14,6 +14,8 @@
 4. numpy >= 2 removed `numpy.compat`, which fairseq's TokenBlockDataset (--task language_modeling) and
    LanguagePairDataset's vectorised sizes still use (`np.compat.long`, numpy 1.x's alias of int).
    `numpy_compat_long` restores that one alias when it is missing.
+5. Known-harmless warnings of fairseq 0.12 on today's stack (`quiet_known_warnings`): each is a deprecation
+   or a CPU-only notice that a fairseq-train log otherwise prints at every start, none changes a number.
 3. Idempotent registration: `register_model` / `register_model_architecture` that tolerate this
    package being imported twice (once through --user-dir, once as `import fairseq_ext`).
 """
@@ -255,7 +257,30 @@ def alignment_needs_source_attention():
     cls.__init__ = __init__
 
 
+# (message regex, category, module regex, why it is harmless)
+KNOWN_WARNINGS = [
+    (r"`torch\.cuda\.amp\.autocast\(args\.\.\.\)` is deprecated", FutureWarning, "",
+     "fairseq's train step opens a disabled CUDA autocast context; no effect on a CPU or with fairseq's fp16"),
+    (r"Support for mismatched key_padding_mask and attn_mask is deprecated", UserWarning, "",
+     "fairseq passes a bool padding mask with a float causal mask; torch converts it to the same masking"),
+    (r"'pin_memory' argument is set as true but no accelerator is found", UserWarning, "",
+     "fairseq's data loader asks for pinned memory, which a CPU-only run does not need"),
+    (r"(?s).*", UserWarning, r"hydra(\.|$)",
+     "fairseq 0.12 uses Hydra 1.0's API (experimental compose/initialize, strict flag, _group_ headers)"),
+    (r"(?s)\s*'config' is validated against ConfigStore schema", UserWarning, "",
+     "Hydra's notice about the schema matching fairseq 0.12's config relies on, issued from the top level"),
+]
+
+
+def quiet_known_warnings():
+    import warnings
+
+    for message, category, module, _why in KNOWN_WARNINGS:
+        warnings.filterwarnings("ignore", message=message, category=category, module=module)
+
+
 install_checkpoint_safe_globals()
+quiet_known_warnings()
 alignment_needs_source_attention()
 keep_last_batch()
 numpy_compat_long()
