@@ -16,6 +16,7 @@ KIND and ARGS:
   (from docs/benchmarks/decode_roofline.json, see ROOFLINE);
 - `headline`: each paper's speed claim beside our ratio (from the benchmark files above, see HEADLINE);
 - `scores [--copy-baseline] NAME=PATH ...`: a results table of score files (`tools.score --json`);
+- `valid PATH`: valid loss per update of the runs in a JSON file (e.g. docs/one_wide_ffn/lr_scale_probe.json);
 - `synthetic DIR`: sequence/token accuracy of the Terraformer generalisation runs under DIR;
 - `flags ARCH [ARCH ...]`: every flag the package adds to the model of ARCH, its help, and its value in
   each ARCH once the model is built (the arch's defaults).
@@ -212,6 +213,22 @@ def block_synthetic(args):
     return "\n".join(rows)
 
 
+def block_valid(args):
+    """Valid loss per update of the runs in a JSON file {"runs": {name: {"valid": [[updates, loss, nll], ...],
+    ...}}, "command": ..., "precision": ...}: one row per run, one column per validation."""
+    with open(os.path.join(REPO, args[0])) as f:
+        r = json.load(f)
+    updates = sorted({v[0] for run in r["runs"].values() for v in run["valid"]})
+    rows = [f"| run | " + " | ".join(f"{u:,}" for u in updates) + " |", "|---|" + "---|" * len(updates)]
+    for name, run in r["runs"].items():
+        by = {v[0]: v[1] for v in run["valid"]}
+        label = name + "".join(f", {k} {v}" for k, v in run.items() if k != "valid")
+        rows.append(f"| {label} | " + " | ".join(f"{by[u]:.3f}" if u in by else "-" for u in updates) + " |")
+    head = (f"Valid loss (label-smoothed, bits per token) at each validation: `{r['command']}`; "
+            f"{r.get('precision', 'fp32')}, {r.get('cpu', '')}.\n\n")
+    return head + "\n".join(rows)
+
+
 def _base_flags():
     """Flags fairseq's own Transformer and Transformer LM already have."""
     from fairseq.dataclass.utils import gen_parser_from_dataclass
@@ -275,7 +292,7 @@ def block_flags(archs):
     return "\n".join(head + rows)
 
 
-KINDS = {"bench": block_bench, "roofline": block_roofline, "headline": block_headline, "scores": block_scores, "synthetic": block_synthetic,
+KINDS = {"bench": block_bench, "roofline": block_roofline, "valid": block_valid, "headline": block_headline, "scores": block_scores, "synthetic": block_synthetic,
          "flags": block_flags}
 
 
