@@ -124,28 +124,32 @@ def test_prefix_lm_equals_one_stack_over_source_and_target():
 
 
 def _readme_sharing_rows():
-    """The flag settings of README's One Wide FFN table (each `a` / `b` alternative; D and M filled in)."""
+    """The flag settings of the One Wide FFN page's configuration table (docs/one_wide_ffn/README.md, Flags;
+    each `a` / `b` alternative; D, M and S filled in)."""
     import os
     import re
 
-    text = open(os.path.join(os.path.dirname(__file__), "..", "README.md"), encoding="utf-8").read()
-    table = text.split("### One Wide FFN flags", 1)[1].split("\n\n", 2)[1]
+    page = os.path.join(os.path.dirname(__file__), "..", "docs", "one_wide_ffn", "README.md")
+    text = open(page, encoding="utf-8").read()
+    table = text.split("## Flags", 1)[1].split("\n\n", 2)[1]
     rows = []
     for line in table.splitlines()[2:]:
-        name, flags = [c.strip() for c in line.strip("|").split("|")[:2]]
-        for alt in re.findall(r"`([^`]+)`", flags):
-            alt = alt.replace("\\|", "|").replace(" D", " 2048").replace(" M", " 2")
+        name, flags = [c.strip() for c in re.split(r"(?<!\\)\|", line.strip("|"))[:2]]
+        for alt in [a for a in re.findall(r"`([^`]+)`", flags) if a.startswith("--")]:  # not arch names
+            alt = alt.replace("\\|", "|").replace(" D", " 2048").replace(" M", " 2").replace(" S ", " 0.5 ")
             alt = re.sub(r"(\w+)\|\S+", r"\1", alt)  # sequence|cycle|cycle_rev -> sequence
             for side in ("encoder", "decoder"):  # a width is a shared FFN's: with its side shared
                 if f"--{side}-shared-ffn-dim" in alt and f"--{side}-ffn-sharing" not in alt:
                     alt = f"--{side}-ffn-sharing shared " + alt
+            if "--shared-ffn-lr-scale" in alt and "-ffn-sharing" not in alt:  # needs a shared FFN
+                alt = "--encoder-ffn-sharing shared " + alt
             rows.append((name, alt.split()))
     return rows
 
 
 @pytest.mark.parametrize("arch", ["one_wide_ffn", "one_wide_ffn_tiny", "one_wide_ffn_big"])
 def test_readme_sharing_settings_build_on_every_one_wide_arch(arch):
-    """Each setting of README's table works on top of the archs' own defaults (an arch's d_ff' never
+    """Each setting of the One Wide FFN page's table works on top of the archs' own defaults (an arch's d_ff' never
     makes --encoder-ffn-sharing none fail)."""
     rows = _readme_sharing_rows()
     assert len(rows) >= 10, rows
@@ -155,7 +159,7 @@ def test_readme_sharing_settings_build_on_every_one_wide_arch(arch):
         try:
             build_model(arch, 1000, flags)
         except ValueError as e:
-            raise AssertionError(f"{arch} with README's '{name}' setting {' '.join(flags)}: {e}") from None
+            raise AssertionError(f"{arch} with the docs page's '{name}' setting {' '.join(flags)}: {e}") from None
 
 
 def test_shared_ffn_lr_scale_gives_the_shared_ffn_its_own_learning_rate():
