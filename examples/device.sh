@@ -1,8 +1,14 @@
 # Sourced by the recipes: the device and precision flags of fairseq-train and fairseq-generate.
-#   train_device, precision: --cpu unless torch sees a CUDA device; precision by measurement
-#     (python -m fairseq_ext.tools.precision: --fp16 on a GPU, --bf16 autocast on a CPU with native bf16
-#     that runs it faster, else fp32); PRECISION=fp32|bf16|fp16 (env) overrides the choice.
+#   train_device: --cpu unless torch sees a CUDA device.
 #   decode_device: --fp16 on a CUDA device (PRECISION=fp32 keeps fp32), otherwise --cpu.
+#   training_precision: a function that sets `precision` for fairseq-train by measurement
+#     (python -m fairseq_ext.tools.precision: --fp16 on a GPU, --bf16 autocast on a CPU with native bf16
+#     that runs it faster, else fp32); PRECISION=fp32|bf16|fp16 (env) overrides the choice. Only the
+#     training recipes call it (the measurement is a probe product: decoding recipes need none).
+case "${PRECISION:-auto}" in
+  auto|fp32|bf16|fp16) ;;
+  *) echo "PRECISION=${PRECISION}: use auto, fp32, bf16 or fp16" >&2; exit 2 ;;
+esac
 if python -c 'import torch,sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
   train_device=()
   if [ "${PRECISION:-auto}" = fp32 ]; then decode_device=(); else decode_device=(--fp16); fi
@@ -10,10 +16,12 @@ else
   train_device=(--cpu)
   decode_device=(--cpu)
 fi
-case "${PRECISION:-auto}" in
-  auto) read -r -a precision <<< "$(python -m fairseq_ext.tools.precision)" ;;
-  fp32) precision=() ;;
-  bf16) precision=(--bf16) ;;
-  fp16) precision=(--fp16) ;;
-  *) echo "PRECISION=${PRECISION}: use auto, fp32, bf16 or fp16" >&2; exit 2 ;;
-esac
+
+training_precision() {
+  case "${PRECISION:-auto}" in
+    auto) read -r -a precision <<< "$(python -m fairseq_ext.tools.precision)" ;;
+    fp32) precision=() ;;
+    bf16) precision=(--bf16) ;;
+    fp16) precision=(--fp16) ;;
+  esac
+}

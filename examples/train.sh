@@ -13,6 +13,7 @@ data=$1; save=$2; shift 2
 repo=$(cd "$(dirname "$0")/.." && pwd)
 mkdir -p "$save"
 source "$repo/examples/device.sh"
+training_precision
 set -x
 fairseq-train "$data" --user-dir "$repo/fairseq_ext" "${train_device[@]}" "${precision[@]}" \
   --task translation --source-lang "${SRC:-en}" --target-lang "${TGT:-de}" --dropout 0.1 \

@@ -24,6 +24,7 @@ case "$size" in
   *) echo "unknown SIZE '$size' (paper|small|tiny)" >&2; exit 2 ;;
 esac
 source "$repo/examples/device.sh"  # train_device, precision (as examples/train.sh)
+training_precision
 mkdir -p "$save"
 set -x
 fairseq-train "$data" --user-dir "$repo/fairseq_ext" "${train_device[@]}" "${precision[@]}" --task language_modeling \
