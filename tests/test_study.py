@@ -120,3 +120,27 @@ def test_committed_results_docs_match_the_run_files():
 
     stale = write_report(RESULTS, check=True)
     assert not stale, f"{stale}: run `python -m fairseq_ext.tools.study table`"
+
+
+def test_claim_is_exclusive_and_dies_with_its_process(tmp_path):
+    """A run is trained by one process at a time: a second claim fails while the first holds it, and the
+    run is free again once its holder releases it or is killed (no stale lock to clean up); a run with a
+    result is never claimed."""
+    code = ("import sys, time; from fairseq_ext.tools.study import Study, PROTOCOLS; "
+            "s = Study(sys.argv[1], PROTOCOLS['tiny']); print(s.claim('r'), flush=True); time.sleep(600)")
+    holder = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], cwd=REPO, env=clean_env(),
+                              stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "True"
+    sys.path.insert(0, str(REPO))
+    from fairseq_ext.tools.study import PROTOCOLS, Study
+
+    mine, other = Study(tmp_path, PROTOCOLS["tiny"]), Study(tmp_path, PROTOCOLS["tiny"])
+    assert not mine.claim("r")
+    holder.kill()
+    holder.wait()
+    assert mine.claim("r") and not other.claim("r")
+    mine.release("r")
+    assert other.claim("r")
+    other.release("r")
+    (tmp_path / "results" / "r.json").write_text("{}")
+    assert not mine.claim("r")

@@ -6,7 +6,7 @@
 `run` carries out the protocol of docs/results/README.md in OUT, resumable at any point: a finished run
 is skipped, an interrupted one resumes from its checkpoint_last.pt (exact: fairseq_ext/checkpointing.py),
 so the study can be carried across sittings and machines. Several `run` processes may share OUT (e.g. one
-per core with OMP_NUM_THREADS=1): each claims a different run (a lock file in its folder). Each run trains one epoch per fairseq-train call
+per core with OMP_NUM_THREADS=1): each claims a different run (an flock on a file in its folder). Each run trains one epoch per fairseq-train call
 (examples/train.sh) until its convergence rule holds, then averages its last epoch checkpoints, measures
 the averaged model's valid loss (fairseq-validate) and translates the test set (examples/evaluate.sh,
 beam 5, sacrebleu). Its result, one JSON file, goes to OUT/results/NAME.json and, for the paper protocol,
@@ -16,6 +16,7 @@ to docs/results/runs/NAME.json (what `table` reads and what is committed).
 the committed docs differ from what it would write.
 """
 import argparse
+import fcntl
 import json
 import os
 import re
@@ -202,10 +203,18 @@ class Study:
         self.publish = publish  # folder for the run files beside OUT/results (docs/results/runs)
         self.results = os.path.join(self.out, "results")
         os.makedirs(self.results, exist_ok=True)
+        self._locks = {}  # run name -> open file descriptor holding its flock
         self.configs = {c.name: c for c in configs(self.p) if only is None or c.name in only or c.role == "baseline"}
 
     # -- the study's fixed choices, made once and kept in OUT/study.json
     def setup(self):
+        """Runs under an exclusive lock on OUT/setup.lock: processes started together agree on one
+        study.json (the precision is measured once) and binarize the corpus once."""
+        with open(os.path.join(self.out, "setup.lock"), "a") as guard:
+            fcntl.flock(guard, fcntl.LOCK_EX)
+            self._setup()
+
+    def _setup(self):
         path = os.path.join(self.out, "study.json")
         if os.path.exists(path):
             with open(path) as f:
@@ -214,8 +223,9 @@ class Study:
             from .precision import choose
 
             self.meta = {"protocol": asdict(self.p), "precision": choose(), "started": time.strftime("%Y-%m-%d %H:%M")}
-            with open(path, "w") as f:
+            with open(path + ".tmp", "w") as f:
                 json.dump(self.meta, f, indent=1)
+            os.replace(path + ".tmp", path)
         log(f"precision of every run: {self.meta['precision']['reason']}")
         self.data = os.path.join(self.out, "data")
         sh(["bash", os.path.join(REPO, "examples/data/binarize.sh"), self.p.corpus, self.data, "--vocab", str(self.p.vocab)])
@@ -355,31 +365,30 @@ class Study:
 
     def claim(self, name):
         """Take run `name` for this process (several `run` processes can share OUT, each training other
-        runs): an exclusive lock file with our pid; a lock whose process is gone is taken over."""
+        runs): an exclusive advisory lock (flock) on the run folder's lock file, held open until `release`.
+        The kernel drops the lock when its process ends however it ends, so a killed sitting leaves nothing
+        stale to clean up, and two processes can never both take a run (no remove-and-recreate race).
+        A run that another process finished since this one listed its plan is not taken."""
         folder = os.path.join(self.out, "runs", name)
         os.makedirs(folder, exist_ok=True)
-        lock = os.path.join(folder, "lock")
-        for _ in range(2):
-            try:
-                fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-            except FileExistsError:
-                try:
-                    pid = int(open(lock).read().strip() or 0)
-                    os.kill(pid, 0)
-                    return False  # another live process trains it
-                except (ValueError, ProcessLookupError, PermissionError, FileNotFoundError):
-                    if os.path.exists(lock):
-                        os.remove(lock)  # stale: its process is gone
-                    continue
-            with os.fdopen(fd, "w") as f:
-                f.write(str(os.getpid()))
-            return True
-        return False
+        fd = os.open(os.path.join(folder, "lock"), os.O_CREAT | os.O_RDWR, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return False  # another live process trains it
+        if self.result(name) is not None:
+            os.close(fd)
+            return False
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode())  # for a person looking at the folder
+        self._locks[name] = fd
+        return True
 
     def release(self, name):
-        lock = os.path.join(self.out, "runs", name, "lock")
-        if os.path.exists(lock) and open(lock).read().strip() == str(os.getpid()):
-            os.remove(lock)
+        fd = self._locks.pop(name, None)
+        if fd is not None:
+            os.close(fd)  # the file stays: removing it would let two processes lock two different files
 
     def run(self, max_runs=None):
         self.setup()
