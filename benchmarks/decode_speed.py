@@ -3,8 +3,9 @@
     python benchmarks/decode_speed.py --baseline transformer --candidates transformer_wmt_en_de_big \\
         [--batch-sizes 1 | sweep] [--beam 5] [--vocab 32000] [--threads N] [--repeats 5] [--quick]
     python benchmarks/decode_speed.py --baseline transformer_wmt_en_de_big \\
-        --candidates transformer_wmt_en_de_big+fast transformer_wmt_en_de_big+int8
-        (fairseq_ext's fast decoding path on the same model; on a copy with an int8 decoder)
+        --candidates transformer_wmt_en_de_big+fast transformer_wmt_en_de_big+int8 transformer_wmt_en_de_big+bf16
+        (fairseq_ext's fast decoding path on the same model; on a copy with an int8 decoder; on a copy whose
+        weights are rounded to bf16 and read as bf16: fairseq-ext-generate --bf16)
     python benchmarks/decode_speed.py --baseline transformer_wmt_en_de_big \
         --candidates transformer_wmt_en_de_big+ct2 transformer_wmt_en_de_big+ct2int8
         (the same model converted to CTranslate2, fp32 / int8: benchmarks/ct2.py; optional, skipped with a
@@ -22,6 +23,7 @@ Writes docs/benchmarks/<name>.json and .png (tokens/s vs batch size), prints a m
 import argparse
 import logging
 import os
+import re
 import sys
 
 import torch
@@ -44,7 +46,8 @@ def make_sample(bsz, src_len, vocab, eos, seed):
             "net_input": {"src_tokens": src, "src_lengths": torch.full((bsz,), src_len, dtype=torch.long)}}
 
 
-FAST, INT8 = "+fast", "+int8"  # name suffixes: fairseq_ext's fast decoding path, in fp32 / with int8 decoder
+# name suffixes: fairseq_ext's fast decoding path, in fp32 / with int8 decoder / with bf16 weights
+FAST, INT8, BF16 = "+fast", "+int8", "+bf16"
 
 
 def make_generator(model, task, beam, tgt_len, name=""):
@@ -56,6 +59,8 @@ def make_generator(model, task, beam, tgt_len, name=""):
     kw = dict(beam_size=beam, max_len_a=0, max_len_b=tgt_len, min_len=tgt_len)
     if name.endswith(INT8):
         return FastSequenceGenerator([model], task.target_dictionary, int8=True, **kw)
+    if name.endswith(BF16):
+        return FastSequenceGenerator([model], task.target_dictionary, bf16=True, **kw)
     cls = FastSequenceGenerator if name.endswith(FAST) else SequenceGenerator
     return cls([model], task.target_dictionary, **kw)
 
@@ -81,18 +86,28 @@ def make_ct2_fn(worker, name, sample, task, beam, tgt_len, peaks):
     return fn
 
 
+# decoder parameters a decoding step does not read (the cross-attention keys/values of fairseq's attention and
+# of CAN's sub-layer are computed once per sentence)
+ONCE_PER_SENTENCE = re.compile(r"(encoder_attn\.(k_proj|v_proj)|\.(k_enc|v_enc))\.(weight|bias)$")
+
+
 def bytes_per_step(model, bsz, beam, src_len, tgt_len):
     """Bytes a decoding step must read (fp32): the model's own estimate when it defines
     `decode_bytes_per_step`, else a standard encoder-decoder Transformer's, where a decoder module that
-    reads only part of its weights per step says how much (`decode_weight_reads(tokens)`)."""
+    reads only part of its weights per step says how much (`decode_weight_reads(tokens)`), and the
+    weights that read the encoder output (ONCE_PER_SENTENCE) are spread over the steps with the encoder's."""
     if hasattr(model, "decode_bytes_per_step"):
         return model.decode_bytes_per_step(bsz, beam, src_len, tgt_len)
-    dec_params = {id(p): p.numel() for p in model.decoder.parameters()}  # tied weights once
+    # the cross-attention's key/value projections read the encoder output once per sentence: counted with
+    # the encoder, spread over the steps
+    once = {id(p) for n, p in model.decoder.named_parameters() if ONCE_PER_SENTENCE.search(n)}
+    dec_params = {id(p): p.numel() for p in model.decoder.parameters() if id(p) not in once}  # tied weights once
     for module in model.decoder.modules():  # modules that read only part of their weights (sparse FFN)
         if hasattr(module, "decode_weight_reads"):
             dec_params.update(module.decode_weight_reads(bsz * beam))
     dec = sum(dec_params.values())
     enc_only = sum(p.numel() for p in model.encoder.parameters() if id(p) not in dec_params)
+    enc_only += sum(p.numel() for p in model.decoder.parameters() if id(p) in once)
     layers = len(getattr(model.decoder, "layers", []))
     d = model.decoder.embed_dim if hasattr(model.decoder, "embed_dim") else 0
     rows = bsz * beam
@@ -105,6 +120,17 @@ def int8_saving(model):
     """Bytes an int8 decoder does not read: 3 of the 4 bytes of every decoder nn.Linear weight (what
     `--int8` quantizes; the output projection included). Call before the model is quantized."""
     return 3 * sum(m.weight.numel() for m in model.decoder.modules() if isinstance(m, torch.nn.Linear))
+
+
+def bf16_saving(gen):
+    """Bytes a --bf16 step does not read: 2 of the 4 bytes of every weight its products read as bf16 (the
+    copies the fast path's kernel made while decoding; the fused Q/K/V as the one copy it reads)."""
+    model = gen.model
+    stepper = getattr(model, "stepper", None)
+    if stepper is not None:
+        return 2 * sum(c[2].numel() for c in stepper._bf16.values())
+    weight = getattr(model, "output_weight", None)  # the generic mode: its output projection
+    return 2 * weight.numel() if weight is not None else 0
 
 
 def encoder_ms(model, sample, repeats=5):
@@ -179,6 +205,8 @@ def _run_batches(models, names, baseline, batch_sizes, beam, src_len, tgt_len, r
             lengths = {len(h[0]["tokens"]) for h in hyps}
             if lengths != {tgt_len + 1}:
                 raise RuntimeError(f"{name}: expected {tgt_len + 1} output tokens, got {lengths}")
+            if name.endswith(BF16):
+                step_bytes[name, bsz] -= bf16_saving(gen)
 
             def decode(gen=gen, model=model, sample=sample):
                 with torch.inference_mode():
@@ -256,11 +284,11 @@ def _same_model(base, models, vocab):
 def parse_models(specs, vocab):
     """'arch', 'arch@FLAGS', 'path.pt', 'NAME=' before any of them (its name in the table), any of them +
     '+fast' (same model, fast decoding path), '+int8' (a copy whose decoder the fast path quantizes to
-    int8) or '+ct2' / '+ct2int8' (the same model in CTranslate2, fp32 / int8) ->
+    int8), '+bf16' (a copy whose weights the fast path rounds to bf16 and reads as bf16) or '+ct2' / '+ct2int8' (the same model in CTranslate2, fp32 / int8) ->
     {name: (model, task)}; unregistered archs are skipped with a note."""
     models = {}
     for spec in specs:
-        suffix = ct2_suffix(spec) or next((s for s in (FAST, INT8) if spec.endswith(s)), "")
+        suffix = ct2_suffix(spec) or next((s for s in (FAST, INT8, BF16) if spec.endswith(s)), "")
         base = spec[: len(spec) - len(suffix)]
         name = common.split_label(base)[0] + suffix
         if suffix in ct2.SUFFIXES:  # the same model, converted to CTranslate2 when the run starts
@@ -279,7 +307,7 @@ def parse_models(specs, vocab):
             if found is not None:
                 models[name] = found
             continue
-        if suffix == INT8:  # its own copy (quantized in place by the generator), fast path
+        if suffix in (INT8, BF16):  # its own copy (quantized / rounded in place by the generator), fast path
             found = parse_models([base], vocab)
             models.update({name: m for m in found.values()})
             continue
@@ -300,7 +328,7 @@ def main(argv=None):
                    help="arch name, arch@FLAGS or checkpoint.pt, optionally NAME=... (its name in the table)")
     p.add_argument("--candidates", nargs="+", default=[],
                    help="arch names, arch@FLAGS (model flags, e.g. \"terraformer_base@--no-reversible\") or checkpoint.pt, "
-                        "each optionally NAME=... (its name in the table) and +fast / +int8 / +ct2 / +ct2int8")
+                        "each optionally NAME=... (its name in the table) and +fast / +int8 / +bf16 / +ct2 / +ct2int8")
     p.add_argument("--vocab", type=int, default=32000, help="joint vocabulary size (random-weight models)")
     p.add_argument("--batch-sizes", default="1", help="comma list, or 'sweep' for 1,2,4,...,64")
     p.add_argument("--beam", type=int, default=5)

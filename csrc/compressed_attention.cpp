@@ -42,12 +42,17 @@ void check_compressed_attention_args(const at::Tensor& q, const at::Tensor& k_en
               h * dvh, "), got ", xw1.sizes());
   TORCH_CHECK(w2.dim() == 2 && w2.size(1) == h * dvh, op, ": W2 must be (d_model, ", h * dvh, "), got ", w2.sizes());
   TORCH_CHECK(b2.dim() == 1 && b2.size(0) == w2.size(0), op, ": b2 must be (", w2.size(0), "), got ", b2.sizes());
-  std::vector<const at::Tensor*> all = {&k_enc, &v_enc, &k_self, &v_self, &xw1, &w2, &b2};
+  // W2 may be bf16 with float32 q on a CPU (fast-path --bf16: read as bf16 by few_rows_linear's kernel)
+  const bool bf16_w2 = w2.scalar_type() == at::kBFloat16 && q.scalar_type() == at::kFloat && q.device().is_cpu();
+  TORCH_CHECK(w2.scalar_type() == q.scalar_type() || bf16_w2, op, ": W2 must have q's dtype ", q.scalar_type(),
+              " (or be bfloat16 with float32 q on a CPU), got ", w2.scalar_type());
+  std::vector<const at::Tensor*> all = {&k_enc, &v_enc, &k_self, &v_self, &xw1, &b2};
   if (enc_bias.has_value()) {
     TORCH_CHECK(enc_bias->dim() == 2 && enc_bias->size(0) == b && enc_bias->size(1) == s, op,
                 ": enc_bias must be (", b, ", ", s, "), got ", enc_bias->sizes());
     all.push_back(&*enc_bias);
   }
+  TORCH_CHECK(w2.device() == q.device(), op, ": all tensors must be on q's device");
   for (const auto* t : all) {
     TORCH_CHECK(t->scalar_type() == q.scalar_type(), op, ": all tensors must have q's dtype ", q.scalar_type(),
                 ", got ", t->scalar_type());

@@ -4,6 +4,8 @@
 //
 //   y[m, j] = b[j] + Σ_k x[m, k] · W[j, k]      x: (M, K), W: (N, K), b: (N) or none -> y: (M, N)
 //
+// W has x's dtype, or is bfloat16 with float32 x and b (weights stored in bf16: y as F.linear(x, W.float(), b)).
+//
 // Why: at 2-16 rows a BLAS GEMM packs W on every call (it is written for many rows), which reads and
 // writes the weight twice; a matrix-vector product streams it once. This kernel streams W once for up
 // to 8 rows at a time (issue 9: the linear layers are most of a CPU decoding step).
@@ -17,8 +19,10 @@ void check_few_rows_linear_args(const at::Tensor& x, const at::Tensor& weight, c
   TORCH_CHECK(x.dim() == 2, "few_rows_linear: x must be (rows, in_features), got ", x.sizes());
   TORCH_CHECK(weight.dim() == 2 && weight.size(1) == x.size(1),
               "few_rows_linear: weight must be (out_features, ", x.size(1), "), got ", weight.sizes());
-  TORCH_CHECK(weight.scalar_type() == x.scalar_type(), "few_rows_linear: weight must have x's dtype ",
-              x.scalar_type(), ", got ", weight.scalar_type());
+  TORCH_CHECK(weight.scalar_type() == x.scalar_type() ||
+                  (weight.scalar_type() == at::kBFloat16 && x.scalar_type() == at::kFloat),
+              "few_rows_linear: weight must have x's dtype ", x.scalar_type(),
+              " (or be bfloat16 with float32 x), got ", weight.scalar_type());
   TORCH_CHECK(weight.device() == x.device(), "few_rows_linear: weight must be on x's device");
   if (bias.has_value() && bias->defined()) {
     TORCH_CHECK(bias->dim() == 1 && bias->size(0) == weight.size(0), "few_rows_linear: bias must be (",

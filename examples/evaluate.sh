@@ -5,7 +5,7 @@
 # test.XX.gz and test.YY.gz. MODEL_DIR holds checkpoint.pt (or pass CKPT=path), spm.model, dict.XX.txt,
 # dict.YY.txt, and SHA256SUMS if it is a shipped model (verified first). TRAIN_LOG=path adds that
 # fairseq-train log's last validation (loss, perplexity) to score.json. GENERATE=fairseq-ext-generate
-# decodes with the fast path (add --int8 to the flags for its int8 decoder). On a CUDA device it decodes in fp16
+# decodes with the fast path (add --bf16 or --int8 to the flags for bf16 weights or its int8 decoder). On a CUDA device it decodes in fp16
 # (PRECISION=fp32 keeps fp32), elsewhere on the CPU. The test set is tokenized with
 # the model's own SentencePiece model and binarized with its dictionary. Beam 5 by default.
 set -euo pipefail

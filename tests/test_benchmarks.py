@@ -6,6 +6,7 @@ import statistics
 import sys
 
 import pytest
+import torch
 
 from conftest import REPO
 
@@ -80,12 +81,18 @@ def test_model_specs_pass_flags(tmp_path):
 
 
 def test_decode_speed_fast_path_candidates(tmp_path):
-    """NAME+fast decodes the same model with the fast path, NAME+int8 a copy with an int8 decoder."""
-    names = [TINY[0], TINY[0] + "+fast", TINY[0] + "+int8"]
+    """NAME+fast decodes the same model with the fast path, NAME+int8 a copy with an int8 decoder, NAME+bf16
+    a copy with bf16 weights, whose bytes per step count its bf16-read weights at 2 bytes."""
+    names = [TINY[0], TINY[0] + "+fast", TINY[0] + "+int8", TINY[0] + "+bf16"]
     decode_speed.main(["--baseline", names[0], "--candidates", *names[1:], "--quick", "--vocab", "500",
                        "--out-dir", str(tmp_path), "--name", "fast"])
     r = json.loads((tmp_path / "fast.json").read_text())
     assert set(r["models"]) == set(names) and set(r["ratios"]["1"]) == set(names[1:])
+    fp32, bf16 = (r["models"][n]["results"]["1"]["bytes_per_step"] for n in names[1::2])
+    decoder = decode_speed.common.build_model(TINY[0], 500)[0].decoder
+    per_step = sum(m.weight.numel() for name, m in decoder.named_modules() if type(m) is torch.nn.Linear
+                   and not name.endswith(("encoder_attn.k_proj", "encoder_attn.v_proj")))  # those: once per sentence
+    assert fp32 - bf16 == 2 * per_step  # every Linear weight a step reads (tied output projection included) as bf16
 
 
 def test_decode_speed_ctranslate2_candidates(tmp_path):

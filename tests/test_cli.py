@@ -3,11 +3,13 @@ train -> resume -> average -> generate (sacrebleu) -> interactive, with no envir
 touching torch.load, and a crafted checkpoint refused."""
 import os
 import re
+import subprocess
+import sys
 
 import pytest
 import torch
 
-from conftest import REPO, run
+from conftest import REPO, clean_env, run
 from matrix import USER_DIR
 
 
@@ -187,6 +189,36 @@ def test_fast_generate_translates_as_fairseq_generate(trained, tiny_data):
     assert len(hyps(outs[0])) == 100 and hyps(outs[1]) == hyps(outs[0])
     bleu = [l for out in outs for l in out.splitlines() if l.startswith("Generate test")]
     assert len(bleu) == 2 and bleu[0] == bleu[1]
+
+
+def test_bf16_generate_translates_as_fairseq_generate_on_the_rounded_checkpoint(trained, tiny_data, tmp_path):
+    """fairseq-ext-generate --bf16 on a CPU (weights rounded to bf16 and read as bf16, float32 arithmetic;
+    the encoder under bf16 autocast where this CPU's bf16 products are fast) prints the hypotheses and BLEU
+    of fairseq-generate on a checkpoint whose weights are rounded to bf16, its encoder run the same way;
+    combined with --int8 it refuses, naming both flags."""
+    save, _, _ = trained
+    state = torch.load(save / "checkpoint_last.pt", map_location="cpu", weights_only=False)
+    state["model"] = {k: v.bfloat16().float() if v.dtype == torch.float32 else v for k, v in state["model"].items()}
+    torch.save(state, tmp_path / "rounded.pt")
+    flags = [str(tiny_data / "bin"), "--user-dir", USER_DIR, "--cpu", "--gen-subset", "test", "--beam", "5",
+             "--batch-size", "8", "--scoring", "sacrebleu"]
+    reference = ("import sys, fairseq.sequence_generator as sg; "
+                 "from fairseq_ext.decoding.fast_generator import _BF16EncoderMixin, bf16_encoder_reason; "
+                 "sg.EnsembleModel = type('E', (_BF16EncoderMixin, sg.EnsembleModel), "
+                 "{'encoder_bf16': bf16_encoder_reason() is None}); "
+                 "from fairseq_cli.generate import cli_main; sys.argv[0] = 'fairseq-generate'; cli_main()")
+    ref = run([sys.executable, "-c", reference, *flags, "--path", str(tmp_path / "rounded.pt")]).stdout
+    out = run(["fairseq-ext-generate", *flags, "--path", str(save / "checkpoint_last.pt"), "--bf16"]).stdout
+
+    def hyps(text):
+        return sorted((l.split("\t")[0], l.split("\t")[2]) for l in text.splitlines() if l.startswith("H-"))
+
+    assert len(hyps(ref)) == 100 and hyps(out) == hyps(ref)
+    bleu = [l for text in (ref, out) for l in text.splitlines() if l.startswith("Generate test")]
+    assert len(bleu) == 2 and bleu[0] == bleu[1]
+    bad = subprocess.run(["fairseq-ext-generate", *flags, "--path", str(save / "checkpoint_last.pt"), "--bf16",
+                          "--int8"], cwd=REPO, env=clean_env(), capture_output=True, text=True)
+    assert bad.returncode != 0 and "--bf16" in bad.stderr and "--int8" in bad.stderr
 
 
 def test_python_loading_translates_as_fairseq_interactive():

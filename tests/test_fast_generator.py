@@ -3,7 +3,7 @@ scores (to 1e-5) as fairseq's SequenceGenerator for beam 1 and 5, batch 1 and 8,
 tiny archs it serves; the others fall back with a reason."""
 import pytest
 import torch
-from fairseq.sequence_generator import SequenceGenerator
+from fairseq.sequence_generator import EnsembleModel, SequenceGenerator
 
 from fairseq_ext.decoding.fast_generator import FastEnsembleModel, FastSequenceGenerator, unsupported_reason
 from matrix import build, fixed_batch
@@ -96,6 +96,39 @@ def test_int8_quantizes_the_decoder_and_decodes_as_fairseq_on_the_quantized_mode
     assert isinstance(model.decoder.output_projection, QLinear)
     assert sum(isinstance(m, QLinear) for m in model.decoder.layers.modules()) >= 4 * len(model.decoder.layers)
     assert not any(isinstance(m, QLinear) for m in model.encoder.modules())  # the encoder stays fp32
+
+
+@pytest.mark.parametrize("arch", SERVED + ["can_decoder_attention_tiny", "terraformer_tiny"])
+def test_bf16_rounds_the_weights_and_decodes_as_fairseq_on_the_rounded_model(arch, tiny_data):
+    """bf16=True (fairseq-ext-generate --bf16 on a CPU): every weight is rounded to bfloat16 in place, the
+    step's products read bfloat16 copies (exactly the rounded values), and the hypotheses are fairseq's on
+    the rounded model (the same sums in another order), its encoder run as the fast path runs it (under
+    bf16 autocast where this CPU's bf16 products are fast)."""
+    from fairseq_ext import ops
+    from fairseq_ext.decoding.fast_generator import OwnStepEnsembleModel, _BF16EncoderMixin, bf16_encoder_reason
+
+    class AutocastEncoderEnsemble(_BF16EncoderMixin, EnsembleModel):
+        pass
+
+    task, model = _sharpened(tiny_data, arch)
+    sample, kw = fixed_batch(task, n=3), dict(beam_size=5, max_len_b=8)
+    gen = FastSequenceGenerator([model], task.target_dictionary, bf16=True, **kw)
+    assert isinstance(gen.model, FastEnsembleModel if arch in SERVED else OwnStepEnsembleModel), gen.fast_reason
+    assert gen.model.encoder_bf16 == (bf16_encoder_reason() is None)
+    assert all(torch.equal(p, p.bfloat16().float()) for p in model.parameters())
+    ref_gen = SequenceGenerator([model], task.target_dictionary, **kw)
+    ref_gen.model = AutocastEncoderEnsemble([model]).eval()
+    ref_gen.model.encoder_bf16 = gen.model.encoder_bf16
+    with torch.no_grad():
+        _same_hypotheses(ref_gen.generate([model], sample), gen.generate([model], sample))
+    if arch in SERVED and any(type(m) is torch.nn.Linear for m in model.decoder.modules()) and ops.kernels_enabled():
+        copies = gen.model.stepper._bf16.values()  # the kernel read bf16 copies of the decoder's Linear weights
+        assert copies and all(c[2].dtype == torch.bfloat16 for c in copies)
+    if arch not in SERVED:  # the generic mode: its plain output projection read as bf16
+        assert (gen.model.output_weight is not None) == gen.model.plain_output
+        assert gen.model.output_weight is None or gen.model.output_weight.dtype == torch.bfloat16
+    with pytest.raises(ValueError, match="bf16 decoding reads a float32 model"):
+        FastSequenceGenerator([model], task.target_dictionary, bf16=True, int8=True, beam_size=5)
 
 
 @pytest.mark.parametrize("step,vocab", [(0, 50), (3, 50), (3, 7), (0, 7)])

@@ -89,11 +89,15 @@ FEW_ROWS_SHAPES = [(1, 7, 3), (2, 16, 4), (3, 17, 5), (4, 33, 9), (5, 64, 31), (
 
 
 @pytest.mark.parametrize("rows,k,n", FEW_ROWS_SHAPES)
-@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, "bf16-weight"])
 @pytest.mark.parametrize("bias", [True, False])
 def test_few_rows_linear_equals_reference(rows, k, n, dtype, bias):
+    """float64, float32, and float32 x against a bfloat16 weight (--bf16 decoding: exactly the product
+    with the weight widened to float32)."""
     g = torch.Generator().manual_seed(rows * 1000 + k + n)
-    x, w = torch.randn(rows, k, generator=g, dtype=dtype), torch.randn(n, k, generator=g, dtype=dtype)
+    wdtype = torch.bfloat16 if dtype == "bf16-weight" else dtype
+    dtype = torch.float32 if dtype == "bf16-weight" else dtype
+    x, w = torch.randn(rows, k, generator=g, dtype=dtype), torch.randn(n, k, generator=g).to(wdtype)
     b = torch.randn(n, generator=g, dtype=dtype) if bias else None
     out = torch.ops.fairseq_ext.few_rows_linear(x, w, b)
     ref = torch.nn.functional.linear(x.double(), w.double(), None if b is None else b.double())
@@ -130,9 +134,15 @@ def test_few_rows_linear_entry_point_shapes_and_fallback(monkeypatch):
         x = torch.randn(*shape)
         torch.testing.assert_close(frl.few_rows_linear(x, w, b), torch.nn.functional.linear(x, w, b),
                                    rtol=2e-5, atol=2e-5)
+    for shape in [(1, 1, 20), (2, 20), (5, 20), (40, 20)]:  # bf16 weight: the kernel from one row up
+        x = torch.randn(*shape)
+        with torch.no_grad():
+            torch.testing.assert_close(frl.few_rows_linear(x, w.bfloat16(), b),
+                                       torch.nn.functional.linear(x, w.bfloat16().float(), b), rtol=2e-5, atol=2e-5)
     x = torch.randn(1, 5, 20)
     with torch.no_grad():
         assert frl.kernel_applies(x) and not frl.kernel_applies(x[:, :2]) and not frl.kernel_applies(torch.randn(40, 20))
+        assert frl.kernel_applies(x[:, :1], bf16_weight=True) and not frl.kernel_applies(torch.randn(40, 20), True)
         monkeypatch.setenv("FAIRSEQ_EXT_NO_KERNELS", "1")
         assert not frl.kernel_applies(x)
     assert not frl.kernel_applies(x.requires_grad_())  # no backward: autograd keeps F.linear
@@ -147,12 +157,16 @@ def test_few_rows_linear_clear_errors():
         torch.ops.fairseq_ext.few_rows_linear(torch.randn(3), torch.randn(4, 3), None)
     with pytest.raises(RuntimeError, match="float32 or float64"):
         torch.ops.fairseq_ext.few_rows_linear(torch.randn(3, 8).half(), torch.randn(4, 8).half(), None)
+    with pytest.raises(RuntimeError, match="bfloat16 with float32 x"):  # bf16 weights only under float32 x
+        torch.ops.fairseq_ext.few_rows_linear(torch.randn(3, 8).double(), torch.randn(4, 8).bfloat16(), None)
 
 
 def test_few_rows_linear_opcheck():
     torch.library.opcheck(torch.ops.fairseq_ext.few_rows_linear.default, (torch.randn(5, 24), torch.randn(7, 24),
                                                                          torch.randn(7)))
     torch.library.opcheck(torch.ops.fairseq_ext.few_rows_linear.default, (torch.randn(3, 17), torch.randn(9, 17), None))
+    torch.library.opcheck(torch.ops.fairseq_ext.few_rows_linear.default,
+                          (torch.randn(4, 33), torch.randn(9, 33).bfloat16(), torch.randn(9)))
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -234,6 +248,18 @@ def test_compressed_attention_decode_equals_reference(b, h, dh, dvh, src, cap, s
     assert torch.equal(out, torch.ops.fairseq_ext.compressed_attention_decode(*args))  # deterministic
 
 
+@pytest.mark.parametrize("b,h,dh,dvh,src,cap,self_len,d", CAN_SHAPES)
+def test_compressed_attention_decode_bf16_w2_equals_reference(b, h, dh, dvh, src, cap, self_len, d):
+    """CPU, float32 with a bfloat16 W2 (the fast path's --bf16): the product with W2 widened to float32,
+    the kernel for 1-16 rows and a GEMM on the widened W2 above."""
+    pad = [(0, max(1, src - 2))] if src > 2 else ()
+    args = _can_args(b, h, dh, dvh, src, cap, self_len, d, torch.float32, seed=b * 5 + src, pad=pad)
+    args[8] = args[8].bfloat16()
+    out = torch.ops.fairseq_ext.compressed_attention_decode(*args)
+    ref = compressed_attention_decode_reference(*[a.double() if torch.is_tensor(a) else a for a in args])
+    torch.testing.assert_close(out.double(), ref, rtol=2e-5, atol=2e-5)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_compressed_attention_decode_reads_no_padding_and_no_free_cache(device):
     """Padded source positions (bias -inf) and cache positions from self_len on are not read: NaN there
@@ -260,6 +286,8 @@ def test_compressed_attention_decode_clear_errors(device):
         torch.ops.fairseq_ext.compressed_attention_decode(*args[:8], torch.randn(16, 23, device=device), args[9])
     with pytest.raises(RuntimeError, match="all tensors must have q's dtype"):
         torch.ops.fairseq_ext.compressed_attention_decode(*args[:7], args[7].double(), *args[8:])
+    with pytest.raises(RuntimeError, match="or be bfloat16 with float32 q on a CPU"):
+        torch.ops.fairseq_ext.compressed_attention_decode(*args[:8], args[8].half(), args[9])
     if device == "cpu":
         half = [a.half() if torch.is_tensor(a) else a for a in args]
         with pytest.raises(RuntimeError, match="float32 or float64"):

@@ -82,9 +82,10 @@ at::Tensor compressed_attention_decode_cpu(const at::Tensor& q, const at::Tensor
                           vsc.data_ptr<scalar_t>(), xc.data_ptr<scalar_t>(), hidden.data_ptr<scalar_t>(),
                           qc.size(0), qc.size(1), qc.size(2), vec.size(3), kec.size(2), ksc.size(2), self_len);
   });
-  if (hidden.size(0) >= kFewRowsMin && hidden.size(0) <= kFewRowsMax)  // a beam's few rows: W2 read once
+  const int64_t low = w2.scalar_type() == at::kBFloat16 ? 1 : kFewRowsMin;  // bf16 W2: the kernel from 1 row
+  if (hidden.size(0) >= low && hidden.size(0) <= kFewRowsMax)  // a beam's few rows: W2 read once
     return few_rows_linear_cpu(hidden, w2, b2);
-  return at::addmm(b2, hidden, w2.t());  // (B, d)
+  return at::addmm(b2, hidden, w2.to(hidden.scalar_type()).t());  // (B, d)
 }
 
 }  // namespace

@@ -31,6 +31,7 @@ incremental encoder-decoders (the CAN ablations, Terraformer) take the generic m
 (`OwnStepEnsembleModel`: their own step, the kernel output projection, the two-stage top-k) with a
 one-line notice saying why (`unsupported_reason`); ensembles use fairseq's step.
 """
+import functools
 import logging
 import warnings
 from typing import Dict, List, Optional
@@ -56,15 +57,40 @@ def unsupported_reason(models) -> Optional[str]:
     return stepper_for(models)[1]
 
 
-class FastEnsembleModel(EnsembleModel):
+@functools.lru_cache(maxsize=None)
+def bf16_encoder_reason() -> Optional[str]:
+    """None when the encoder should run under bf16 autocast with --bf16 (this CPU has native bf16
+    instructions and a bf16 product beats fp32 here: tools/precision.py's test), else why not."""
+    from ..tools import precision
+
+    choice = precision.choose() if not torch.cuda.is_available() else {"precision": "fp16", "reason": "CUDA"}
+    return None if choice["precision"] == "bf16" else choice["reason"]
+
+
+class _BF16EncoderMixin:
+    """forward_encoder under torch.autocast("cpu", bfloat16) when `encoder_bf16` (--bf16 on a CPU with
+    fast bf16 products: the encoder is compute-bound, run once per sentence); its outputs back in float32."""
+
+    encoder_bf16 = False
+
+    def forward_encoder(self, net_input):
+        if not self.encoder_bf16:
+            return super().forward_encoder(net_input)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            outs = super().forward_encoder(net_input)
+        return [{k: [t.float() if torch.is_tensor(t) and t.dtype == torch.bfloat16 else t for t in v]
+                 for k, v in out.items()} for out in outs]
+
+
+class FastEnsembleModel(_BF16EncoderMixin, EnsembleModel):
     """EnsembleModel whose decoder step and reordering go through the Stepper serving the model."""
 
-    def __init__(self, models, beam_size: int):
+    def __init__(self, models, beam_size: int, bf16: bool = False):
         super().__init__(models)
         stepper, reason = stepper_for(models)
         if stepper is None:
             raise ValueError(f"no fast decoder step for these models: {reason}")
-        self.stepper = stepper(models[0], beam_size)
+        self.stepper = stepper(models[0], beam_size, bf16)
         self.started = False
 
     def reorder_encoder_out(self, encoder_outs, new_order):
@@ -96,19 +122,22 @@ def own_step_reason(models) -> Optional[str]:
     return None
 
 
-class OwnStepEnsembleModel(EnsembleModel):
+class OwnStepEnsembleModel(_BF16EncoderMixin, EnsembleModel):
     """For incremental decoders no Stepper serves (the CAN ablations, Terraformer): the model's own
     incremental step (`extract_features`), then the output projection through ops.few_rows_linear when
     it is fairseq's plain Linear output layer (the largest single read of a small decoder's step:
     32,000 x d). With TwoStageBeamSearch this is the fast path's generic mode; the arithmetic is the
     model's, so hypotheses are the same as fairseq's."""
 
-    def __init__(self, models):
+    def __init__(self, models, bf16: bool = False):
         super().__init__(models)
         dec = models[0].decoder  # fairseq's output layer is exactly its Linear output projection
         self.plain_output = (isinstance(dec, TransformerDecoderBase) and dec.adaptive_softmax is None
                              and type(dec).output_layer is TransformerDecoderBase.output_layer
                              and type(dec.output_projection) is nn.Linear)
+        # --bf16: the output projection's bf16 copy (its weights are bf16-rounded: the same values)
+        self.output_weight = (dec.output_projection.weight.detach().to(torch.bfloat16) if bf16 and self.plain_output
+                              else None)
 
     def forward_decoder(self, tokens, encoder_outs: List[Dict[str, List[Tensor]]],
                         incremental_states: List[Dict[str, Dict[str, Optional[Tensor]]]], temperature: float = 1.0):
@@ -117,7 +146,8 @@ class OwnStepEnsembleModel(EnsembleModel):
         x, extra = dec.extract_features(tokens, encoder_out=encoder_outs[0], incremental_state=incremental_states[0])
         x = x[:, -1:, :]
         if self.plain_output:  # the kernel at 3-16 rows, else F.linear (= the output layer)
-            logits = few_rows_linear(x, dec.output_projection.weight, dec.output_projection.bias)
+            weight = dec.output_projection.weight if self.output_weight is None else self.output_weight
+            logits = few_rows_linear(x, weight, dec.output_projection.bias)
         else:
             logits = dec.output_layer(x)
         attn = None  # as fairseq's EnsembleModel: the last step's attention when the decoder returns one
@@ -127,6 +157,19 @@ class OwnStepEnsembleModel(EnsembleModel):
             attn = attn[:, -1, :] if attn is not None else None
         probs = model.get_normalized_probs((logits.div_(temperature), extra), log_probs=True, sample=None)
         return probs[:, -1, :], attn
+
+
+def round_to_bf16(model):
+    """Every float32 parameter rounded to bfloat16 in place (kept float32): the model that
+    --bf16 decodes. Its steps read bf16 copies of these weights (the few-rows kernel widens them exactly),
+    so the hypotheses are fairseq's on the rounded model."""
+    with torch.no_grad():
+        for t in model.parameters():
+            if t.dtype == torch.float32:
+                t.copy_(t.to(torch.bfloat16))
+    logger.info("--bf16: weights rounded to bfloat16; the decoder's products read them as bfloat16, "
+                "activations and sums in float32")
+    return model
 
 
 def quantize_decoder_int8(model):
@@ -174,29 +217,46 @@ class TwoStageBeamSearch(BeamSearch):
 class FastSequenceGenerator(SequenceGenerator):
     """fairseq's SequenceGenerator (same arguments, same search) with the fast step when supported.
     int8=True (or the class attribute, which fairseq-ext-generate --int8 sets) quantizes the decoder's
-    Linear layers of the given models in place (quantize_decoder_int8)."""
+    Linear layers of the given models in place (quantize_decoder_int8). bf16=True (fairseq-ext-generate
+    --bf16 on a CPU) rounds the model's weights to bfloat16 in place (round_to_bf16) and lets the step's
+    products read them as bfloat16: half the bytes of float32, float32 arithmetic; the encoder (compute-
+    bound, once per sentence) runs under bf16 autocast where this CPU's bf16 products are faster than
+    fp32 (bf16_encoder_reason)."""
 
     int8 = False
+    bf16 = False
 
-    def __init__(self, models, tgt_dict, int8=None, **kwargs):
+    def __init__(self, models, tgt_dict, int8=None, bf16=None, **kwargs):
         super().__init__(models, tgt_dict, **kwargs)
         models = list(self.model.models)
         self.fast_reason = unsupported_reason(models)
         if type(self.search) is BeamSearch:  # plain beam search (not sampling, diverse, constrained, ...)
             self.search = TwoStageBeamSearch(tgt_dict)
         int8 = self.int8 if int8 is None else int8
+        bf16 = self.bf16 if bf16 is None else bf16
         dtype = next(models[0].parameters()).dtype
         if int8 and dtype != torch.float32:
             raise ValueError(f"--int8 quantizes the decoder's fp32 weights, but the model is {dtype} (--fp16 or "
                              f"--bf16): use one of the two")
+        if bf16 and (int8 or dtype != torch.float32):
+            raise ValueError(f"bf16 decoding reads a float32 model's weights as bfloat16; the model is {dtype}"
+                             + (" and int8 was asked too" if int8 else "") + ": use one of them")
+        if bf16:
+            for m in models:
+                round_to_bf16(m)
         if self.fast_reason is None:
             if int8:
                 quantize_decoder_int8(models[0])
-            self.model = FastEnsembleModel(models, self.beam_size)
+            self.model = FastEnsembleModel(models, self.beam_size, bf16)
             self.model.eval()
         elif own_step_reason(models) is None:
-            self.model = OwnStepEnsembleModel(models)
+            self.model = OwnStepEnsembleModel(models, bf16)
             self.model.eval()
+        if bf16 and isinstance(self.model, _BF16EncoderMixin):
+            reason = bf16_encoder_reason()
+            self.model.encoder_bf16 = reason is None
+            logger.info("--bf16: the encoder runs under bf16 autocast" if reason is None
+                        else f"--bf16: the encoder runs in float32 ({reason})")
             logger.info(f"fast decoding path, generic mode (the model's own incremental step; {self.fast_reason})"
                         + (": int8 needs the full fast path, decoding in fp32" if int8 else ""))
         else:

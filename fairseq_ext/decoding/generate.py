@@ -1,10 +1,14 @@
 """fairseq-generate with the fast decoding path: the same flags, output and scoring.
 
-    fairseq-ext-generate DATA --user-dir fairseq_ext --path ckpt.pt --beam 5 ... [--int8]
+    fairseq-ext-generate DATA --user-dir fairseq_ext --path ckpt.pt --beam 5 ... [--int8 | --bf16]
     python -m fairseq_ext.decoding.generate DATA ...       (the same)
 
 --int8 (ours, taken out before fairseq parses the rest): dynamic int8 quantization of the decoder's
 Linear layers (fast path only).
+--bf16 on a CPU (ours there; on a GPU it is fairseq's): the weights rounded to bfloat16, the decoder's
+products reading them as bfloat16 (half of float32's bytes) with float32 activations and sums; the
+hypotheses are fairseq-generate's on the rounded model. fairseq's own --bf16 would run every op in
+bfloat16, which CPUs do slowly and less exactly.
 
 fairseq's task.build_generator picks fairseq.sequence_generator.SequenceGenerator when it runs; this entry
 point points that name at FastSequenceGenerator (a subclass: same search), then runs fairseq_cli.generate.
@@ -13,6 +17,7 @@ Models the fast step does not serve decode with fairseq's step after a one-line 
 import sys
 
 import fairseq.sequence_generator as sequence_generator
+import torch
 
 from .fast_generator import FastSequenceGenerator
 
@@ -20,7 +25,16 @@ from .fast_generator import FastSequenceGenerator
 def main():
     if "-h" in sys.argv or "--help" in sys.argv:
         print("fairseq-ext-generate: fairseq-generate's flags (below), plus\n"
-              "  --int8    int8 decoder (dynamic quantization of its Linear layers; fast path, fp32 models only)\n")
+              "  --int8    int8 decoder (dynamic quantization of its Linear layers; fast path, fp32 models only)\n"
+              "  --bf16    on a CPU: weights rounded to bf16 and read as bf16, float32 arithmetic (fast path)\n")
+    on_cpu = "--cpu" in sys.argv or not torch.cuda.is_available()
+    if "--bf16" in sys.argv and on_cpu:
+        other = [f for f in ("--int8", "--fp16", "--memory-efficient-fp16", "--memory-efficient-bf16") if f in sys.argv]
+        if other:
+            sys.exit(f"fairseq-ext-generate: --bf16 on a CPU reads the float32 model's weights as bfloat16 and "
+                     f"cannot be combined with {other[0]}: drop one of the two")
+        sys.argv.remove("--bf16")
+        FastSequenceGenerator.bf16 = True
     if "--int8" in sys.argv:
         half = [f for f in ("--fp16", "--bf16", "--memory-efficient-fp16", "--memory-efficient-bf16") if f in sys.argv]
         if half:

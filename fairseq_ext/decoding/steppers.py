@@ -56,8 +56,10 @@ class Stepper:
     """Shared parts of a decoder step (see module docstring); subclasses define `_start_layers`,
     `_layer` and `_reorder_layers`."""
 
-    def __init__(self, model, beam_size: int):
+    def __init__(self, model, beam_size: int, bf16: bool = False):
         self.model, self.dec, self.beam = model, model.decoder, max(1, beam_size)
+        self.bf16 = bf16  # the kernel reads bf16 copies of the (bf16-rounded) weights: --bf16
+        self._bf16: Dict[int, Tuple[Tensor, int, Tensor]] = {}  # id(weight) -> (weight, version, bf16 copy)
         self.caches: List[Dict[str, Tensor]] = []  # per layer: kv_cache.write_to_cache's buffers
         self.cross: List[Optional[Dict[str, Optional[Tensor]]]] = []  # per layer: cross K/V per sentence
         self.kernel = False  # this step's projections through ops.few_rows_linear's kernel
@@ -97,8 +99,17 @@ class Stepper:
         """x (rows, in) -> (rows, out): ops.few_rows_linear's kernel when step() found it applies (weights
         read once for all rows), else F.linear."""
         if self.kernel:
-            return torch.ops.fairseq_ext.few_rows_linear.default(x, weight, bias)
+            return torch.ops.fairseq_ext.few_rows_linear.default(x, self._bf16_copy(weight) if self.bf16 else weight, bias)
         return F.linear(x, weight, bias)
+
+    def _bf16_copy(self, weight: Tensor) -> Tensor:
+        """The bf16 copy of a float32 weight whose values are bf16-rounded (exact), made on first use and
+        again when the weight changes in place."""
+        entry = self._bf16.get(id(weight))
+        if entry is None or entry[0] is not weight or entry[1] != weight._version:
+            entry = (weight, weight._version, weight.detach().to(torch.bfloat16))
+            self._bf16[id(weight)] = entry
+        return entry[2]
 
     def _module(self, module: nn.Module, x: Tensor) -> Tensor:
         """A Linear layer through _linear; any other module (an int8 dynamically quantized Linear) as is."""
@@ -136,7 +147,7 @@ class Stepper:
         if dec.embed_positions is not None:
             positions = dec.embed_positions(tokens, incremental_state={})[:, -1]  # fairseq's position rule
         x = dec.embed_scale * dec.embed_tokens(tokens[:, -1])  # (B, d): one row per hypothesis
-        self.kernel = few_rows_linear_applies(x)  # decided once per step for every projection
+        self.kernel = few_rows_linear_applies(x, self.bf16)  # decided once per step for every projection
         if dec.project_in_dim is not None:
             x = self._module(dec.project_in_dim, x)
         if positions is not None:
@@ -207,8 +218,8 @@ class TransformerStepper(Stepper):
             return f"decoder layer {i} uses head scaling / attention or FFN LayerNorm / residual weights"
         return None
 
-    def __init__(self, model, beam_size):
-        super().__init__(model, beam_size)
+    def __init__(self, model, beam_size, bf16=False):
+        super().__init__(model, beam_size, bf16)
         parts = [(l.self_attn.q_proj, l.self_attn.k_proj, l.self_attn.v_proj)
                  if type(l.self_attn) is MultiheadAttention else () for l in self.dec.layers]
         self.qkv = [FusedLinearWeights(p) if p and _fusable(p) and len({m.weight.shape for m in p}) == 1 else None
@@ -346,14 +357,19 @@ class CANStepper(Stepper):
     def _can(self, i: int, can, h: Tensor) -> Tensor:
         b, heads = h.size(0), can.num_heads
         # the module's own decoding projection: q, k, v, X·W1 as one product (few-rows kernel at 3-16
-        # rows), one by one for int8-quantized layers
-        q, k, v, xw1 = (p[0] for p in can._x_projections(h.unsqueeze(0)))
+        # rows), one by one for int8-quantized layers; with --bf16 the kernel reads its bf16 copy
+        mods = can._x_modules()
+        if self.bf16 and self.kernel and all(type(m) is nn.Linear for m in mods):
+            q, k, v, xw1 = self._linear(h, *can._x_weights()).split([m.out_features for m in mods], dim=-1)
+        else:
+            q, k, v, xw1 = (p[0] for p in can._x_projections(h.unsqueeze(0)))
         q = (q * can.scaling).view(b, heads, can.head_dim)
         k_s, v_s, n = write_to_cache(self.caches[i], k.view(b, heads, can.head_dim),
                                      v.view(b, heads, can.value_head_dim))
         k_e, v_e, bias = self.enc_kv[i]
         if type(can.fc2) is nn.Linear:  # Eq. 11 + 13 in one call (the csrc kernel when built)
-            return compressed_attention_decode(q, k_e, v_e, bias, k_s, v_s, n, xw1, can.fc2.weight, can.fc2.bias)
+            w2 = self._bf16_copy(can.fc2.weight) if self.bf16 and self.kernel else can.fc2.weight
+            return compressed_attention_decode(q, k_e, v_e, bias, k_s, v_s, n, xw1, w2, can.fc2.bias)
         hidden = compressed_attention_hidden_reference(q, k_e, v_e, bias, k_s, v_s, n, xw1)
         return can.fc2(hidden)  # an int8-quantized second FFN layer
 
@@ -382,8 +398,8 @@ class SASStepper(Stepper):
             return _attention_reason(block.encoder_attn, i)
         return None
 
-    def __init__(self, model, beam_size):
-        super().__init__(model, beam_size)
+    def __init__(self, model, beam_size, bf16=False):
+        super().__init__(model, beam_size, bf16)
         parts = [(l.block.attn.q_proj, l.block.attn.k_proj) for l in self.dec.layers]
         self.fused = [FusedLinearWeights(p) if _fusable(p) else None for p in parts]
 

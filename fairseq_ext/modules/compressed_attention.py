@@ -75,16 +75,25 @@ class CompressedAttention(EvalCached):
         """(L, B, h*hd) -> (B, h, L, hd)"""
         return x.view(x.size(0), x.size(1), self.num_heads, head_dim).permute(1, 2, 0, 3)
 
+    def _x_modules(self):
+        """The Linear layers reading the sub-layer's input: q, k_self, v_self, fc1 (those it has)."""
+        return [self.q_proj] + ([self.k_self, self.v_self] if self.self_attention else []) + \
+               ([self.fc1] if self.ffn else [])
+
+    def _x_weights(self):
+        """The _x_modules' weights and biases concatenated (EvalCached: rebuilt after train()/eval() or
+        when a weight changes)."""
+        mods = self._x_modules()
+        return self._cached("x_projections", linear_parameters(mods), lambda: concat_linear(mods))
+
     def _x_projections(self, x):
         """q, k_self, v_self and X·W1+b1 of x. In decoding (one step, eval mode) they are one matmul with
-        the four weights concatenated (kept through EvalCached: rebuilt after train()/eval() or when a
-        weight changes), as the paper notes X·W1 can be computed together with X·W_q (through
-        ops.few_rows_linear's kernel at 3-16 rows)."""
-        mods = [self.q_proj] + ([self.k_self, self.v_self] if self.self_attention else []) + \
-               ([self.fc1] if self.ffn else [])
+        the four weights concatenated (_x_weights), as the paper notes X·W1 can be computed together with
+        X·W_q (through ops.few_rows_linear's kernel at 3-16 rows)."""
+        mods = self._x_modules()
         if self.training or x.size(0) != 1 or any(type(m) is not nn.Linear for m in mods):  # (int8: one by one)
             return [mod(x) for mod in mods]
-        weight, bias = self._cached("x_projections", linear_parameters(mods), lambda: concat_linear(mods))
+        weight, bias = self._x_weights()
         return few_rows_linear(x, weight, bias).split([m.out_features for m in mods], dim=-1)
 
     def forward(self, x, encoder_out: Optional[Tensor] = None, encoder_padding_mask: Optional[Tensor] = None,

@@ -7,7 +7,8 @@ csrc/cpu/compressed_attention.cpp, csrc/cuda/compressed_attention{.cu,_host.cpp}
 q: (B, H, dh) scaled query; k_enc, v_enc: (B, H, S, dh / dvh) encoder keys and values (values in the
 FFN-hidden space); enc_bias: (B, S) additive padding bias (0 / -inf) or None; k_self, v_self: (B, H, cap,
 dh / dvh) the decoder's key/value cache of which the first self_len positions are valid; xw1: (B, H·dvh)
-= X·W1 + b1; w2: (d, H·dvh) fc2.weight; b2: (d). Returns ReLU(xw1 + A·V)·W2ᵀ + b2: (B, d), with A one
+= X·W1 + b1; w2: (d, H·dvh) fc2.weight (q's dtype, or bfloat16 with float32 q on a CPU: the fast
+path's --bf16, read as bf16 and widened exactly); b2: (d). Returns ReLU(xw1 + A·V)·W2ᵀ + b2: (B, d), with A one
 softmax over the encoder and decoder keys. `compressed_attention_decode_reference` is the PyTorch spec
 and the fallback.
 """
@@ -32,7 +33,7 @@ def compressed_attention_hidden_reference(q, k_enc, v_enc, enc_bias, k_self, v_s
 
 def compressed_attention_decode_reference(q, k_enc, v_enc, enc_bias, k_self, v_self, self_len, xw1, w2, b2):
     hidden = compressed_attention_hidden_reference(q, k_enc, v_enc, enc_bias, k_self, v_self, self_len, xw1)
-    return F.linear(hidden, w2, b2)  # Eq. 13
+    return F.linear(hidden, w2.to(hidden.dtype), b2)  # Eq. 13
 
 
 # dtypes models send to each compiled implementation, for the devices whose kernel has passed

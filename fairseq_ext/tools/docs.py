@@ -12,7 +12,7 @@ A block in README.md, any docs/**/*.md or shipped/*/README.md is
 KIND and ARGS:
 - `bench PRESET ...`: the table of docs/benchmarks/PRESET.json (as `benchmarks/run_presets.py --only PRESET`
   writes PRESET.md), with the command and the machine it ran on;
-- `roofline [PRESET]`: per family, bytes per step, roofline, fp32 and int8 ms/step, encoder time, ratios
+- `roofline [PRESET]`: per family, bytes per step, roofline, fp32, bf16 and int8 ms/step, encoder time, ratios
   (from docs/benchmarks/decode_roofline.json, see ROOFLINE);
 - `headline`: each paper's speed claim beside our ratio (from the benchmark files above, see HEADLINE);
 - `scores [--copy-baseline] NAME=PATH ...`: a results table of score files (`tools.score --json`);
@@ -72,35 +72,41 @@ ROOFLINE = [
 
 def block_roofline(args):
     """Per family: bytes a step reads, the roofline time at the bandwidth measured in the same run, measured
-    ms/step on the fast path in fp32 and with the int8 decoder, % of roofline, encoder time per sentence,
-    the ratio against the paper's baseline on the same path, the byte-bound ratio, the paper's ratio."""
+    ms/step on the fast path in fp32, with bf16 weights (--bf16) and with the int8 decoder, % of roofline,
+    encoder time per sentence, the ratio against the paper's baseline on the same path, the byte-bound
+    ratio, bf16's speed over fp32 on the same model, the paper's ratio."""
     r = load_bench(args[0] if args else "decode_roofline")
     bsz = min(r["settings"]["batch_sizes"])
     res = {n: m["results"][bsz] for n, m in r["models"].items()}
     rows = []
+
+    def triple(runs, fmt):
+        return " / ".join(fmt(x) if x else "-" for x in runs)
+
     for model, base, paper in ROOFLINE:
-        f, q = res.get(model + "+fast"), res.get(model + "+int8")
+        f, h, q = (res.get(model + suffix) for suffix in ("+fast", "+bf16", "+int8"))
         if f is None:
             continue
         b = res.get(base + "+fast") if base else None
-        mb = f"{f['bytes_per_step'] / 1e6:.0f}" + (f" / {q['bytes_per_step'] / 1e6:.0f}" if q else "")
-        ms = f"{f['ms_per_step']['median']:.1f}" + (f" / {q['ms_per_step']['median']:.1f}" if q else "")
-        pct = f"{f['roofline_pct']:.0f}%" + (f" / {q['roofline_pct']:.0f}%" if q else "")
+        mb = triple((f, h, q), lambda x: f"{x['bytes_per_step'] / 1e6:.0f}")
+        ms = triple((f, h, q), lambda x: f"{x['ms_per_step']['median']:.1f}")
+        pct = triple((f, h, q), lambda x: f"{x['roofline_pct']:.0f}%")
         ratio = bound = "-"
         if b:
             ratio = f"{b['ms_per_step']['median'] / f['ms_per_step']['median']:.2f}×"
             bound = f"{b['bytes_per_step'] / f['bytes_per_step']:.2f}×"
+        half = f"{f['ms_per_step']['median'] / h['ms_per_step']['median']:.2f}×" if h else "-"
         rows.append(f"| {model} | {base or '-'} | {mb} | {f['roofline_ms_per_step']:.1f} | {ms} | {pct} | "
-                    f"{f['encoder_ms']:.0f} | {ratio} | {bound} | {paper or '-'} |")
+                    f"{f['encoder_ms']:.0f} | {ratio} | {bound} | {half} | {paper or '-'} |")
     s = r["settings"]
     head = (f"`{command('decode_roofline')}` — {machine(r)}; memory bandwidth measured in the run "
             f"{r['bandwidth_gb_s']:.1f} GB/s; batch {bsz}, beam {s['beam']}, source {s['src_len']} tokens, "
             f"{s['tgt_len']} target tokens, vocabulary {s.get('vocab', 32000):,}, random weights at the paper's dims; fast path "
-            "(`fairseq-ext-generate`), fp32 / `--int8` decoder.\n\n")
+            "(`fairseq-ext-generate`): fp32 / `--bf16` (weights read as bf16) / `--int8` decoder.\n\n")
     return head + "\n".join(
-        ["| model | paper's baseline | MB read per step fp32 / int8 | roofline ms/step fp32 | measured ms/step "
-         "fp32 / int8 | % of roofline fp32 / int8 | encoder ms per sentence | speed vs baseline (fp32) | "
-         "byte-bound ratio | paper |", "|---|---|---|---|---|---|---|---|---|---|"] + rows)
+        ["| model | paper's baseline | MB read per step fp32 / bf16 / int8 | roofline ms/step fp32 | measured ms/step "
+         "fp32 / bf16 / int8 | % of roofline fp32 / bf16 / int8 | encoder ms per sentence | speed vs baseline (fp32) | "
+         "byte-bound ratio | bf16 vs fp32 | paper |", "|---|---|---|---|---|---|---|---|---|---|---|"] + rows)
 
 
 @functools.lru_cache(maxsize=None)
