@@ -133,13 +133,16 @@ def bf16_saving(gen):
     return 2 * weight.numel() if weight is not None else 0
 
 
-def encoder_ms(model, sample, repeats=5):
-    """Median milliseconds of the encoder over the sample's sources (run once per sentence in decoding)."""
+def encoder_ms(model, sample, repeats=5, bf16=False):
+    """Median milliseconds of the encoder over the sample's sources (run once per sentence in decoding;
+    bf16: under bf16 autocast, as --bf16 runs it where the CPU's bf16 products are fast)."""
+    import contextlib
     import time
 
     net = sample["net_input"]
     times = []
-    with torch.inference_mode():
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
+    with torch.inference_mode(), autocast:
         model.encoder(net["src_tokens"], src_lengths=net["src_lengths"])  # warm-up
         for _ in range(repeats):
             t = time.perf_counter()
@@ -192,8 +195,6 @@ def _run_batches(models, names, baseline, batch_sizes, beam, src_len, tgt_len, r
             model, task = models[name]
             vocab = len(task.target_dictionary)
             sample = make_sample(bsz, src_len, vocab, task.target_dictionary.eos(), seed)
-            if not ct2_suffix(name):
-                enc_ms[name] = encoder_ms(model, sample)
             if ct2_suffix(name):
                 if name not in workers:  # converted here, run in its own process (benchmarks/ct2.py)
                     ctype = ct2.SUFFIXES[ct2_suffix(name)]
@@ -207,6 +208,7 @@ def _run_batches(models, names, baseline, batch_sizes, beam, src_len, tgt_len, r
                 raise RuntimeError(f"{name}: expected {tgt_len + 1} output tokens, got {lengths}")
             if name.endswith(BF16):
                 step_bytes[name, bsz] -= bf16_saving(gen)
+            enc_ms[name] = encoder_ms(model, sample, bf16=getattr(gen.model, "encoder_bf16", False))
 
             def decode(gen=gen, model=model, sample=sample):
                 with torch.inference_mode():

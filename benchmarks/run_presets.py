@@ -90,19 +90,23 @@ PRESETS = {
     # fp32 vs bf16 autocast training (fairseq-train --bf16 on CPU) of the baseline and each main architecture at
     # the recipes' small dims, through fairseq's Trainer on real batches
     "train_precision": (train_precision, train_precision.MODELS[0], train_precision.MODELS[1:], []),
-    # The roofline table (docs/benchmarks/decoding.md): every family at its paper's dims on the fast path, fp32,
-    # bf16 weights and int8 decoder, batch 1, beam 5: bytes per step, % of the weight-streaming roofline,
-    # encoder time
+    # The roofline table (docs/benchmarks/decoding.md): every family at its paper's dims on the fast path, fp32
+    # and int8 decoder, batch 1, beam 5: bytes per step, % of the weight-streaming roofline, encoder time
     "decode_roofline": (decode_speed, "transformer_wmt_en_de_big+fast",
-                        ["transformer_wmt_en_de_big+bf16", "transformer_wmt_en_de_big+int8", "one_wide_ffn_big+fast",
-                         "one_wide_ffn_big+bf16", "one_wide_ffn_big+int8",
+                        ["transformer_wmt_en_de_big+int8", "one_wide_ffn_big+fast", "one_wide_ffn_big+int8",
                          "scaling_sparse_ff+fast", "scaling_sparse_qkv+fast", "scaling_sparse+fast",
-                         "scaling_sparse+bf16", "scaling_sparse+int8", "one_wide_sparse_ffn_big+fast",
-                         "transformer_balanced+fast", "transformer_balanced+bf16", "transformer_balanced+int8",
-                         "can_decoder+fast", "can_decoder+bf16", "can_decoder+int8", "transformer+fast",
-                         "transformer+bf16", "transformer+int8", "sas_block+fast", "sas_block+bf16", "sas_block+int8",
-                         "terraformer+fast"],
+                         "scaling_sparse+int8", "one_wide_sparse_ffn_big+fast", "transformer_balanced+fast",
+                         "transformer_balanced+int8", "can_decoder+fast", "can_decoder+int8", "transformer+fast",
+                         "transformer+int8", "sas_block+fast", "sas_block+int8", "terraformer+fast"],
                         ["--beam", "5", "--repeats", "3"]),
+    # ... its bf16 columns (--bf16: weights read as bf16), each family's fp32 fast path beside it in the same
+    # run (a run of its own: every model of both lists at once does not fit a 24 GB machine)
+    "decode_roofline_bf16": (decode_speed, "transformer_wmt_en_de_big+fast",
+                             ["transformer_wmt_en_de_big+bf16", "one_wide_ffn_big+fast", "one_wide_ffn_big+bf16",
+                              "scaling_sparse+fast", "scaling_sparse+bf16", "transformer_balanced+fast",
+                              "transformer_balanced+bf16", "can_decoder+fast", "can_decoder+bf16", "transformer+fast",
+                              "transformer+bf16", "sas_block+fast", "sas_block+bf16"],
+                             ["--beam", "5", "--repeats", "3"]),
     # Terraformer decoding vs Transformer Big and the Scaling Transformer (paper §4.4: 0.086 s vs 0.061 s
     # per token for Terraformer vs the sparse Transformer), unbatched greedy decoding
     "decode_terraformer": (decode_speed, "transformer_wmt_en_de_big", ["scaling_sparse", "terraformer"],

@@ -2,10 +2,12 @@
 // float32 x (the fast path's --bf16: half the bytes streamed; each weight widened exactly to float32, so
 // the sums are those of float32 x against the bf16-rounded weights).
 // Parallel over groups of R output features (W rows); each task streams its R W rows once (prefetching
-// 512 bytes ahead) and keeps, for each of up to 8 rows of x (x stays in cache), 16 partial sums per W
-// row, which the compiler holds in vector registers: R x M accumulators of 16 lanes fit AVX-512's 32
-// registers, so GCC's target_clones adds an AVX-512 version next to an AVX2+FMA one (picked at run time;
-// the AVX2 one spills and is there for older machines). More than 8 rows: one pass per group of 8. Deterministic: a fixed summation order per output, independent of the thread count.
+// 512 bytes ahead) and keeps, for each of up to 8 rows of x (x stays in L1), 16 partial sums per W row in
+// vector registers. Where the CPU has AVX-512F (checked at run time) an intrinsics version runs
+// (dot_rows_avx512); elsewhere a portable loop, compiled by GCC's target_clones with an AVX-512 and an
+// AVX2+FMA version picked at run time (the AVX2 one spills; it is there for older machines). More than 8
+// rows: one pass per group of 8. Deterministic: a fixed summation order per output, independent of the
+// thread count.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
@@ -23,7 +25,7 @@ namespace {
 
 constexpr int kLanes = 16;     // partial sums per (x row, W row)
 constexpr int kMaxRows = 8;    // x rows per pass over W
-constexpr int kPrefetch = 128; // elements ahead of each W row stream (512 bytes of float32)
+constexpr int kPrefetch = 128; // float32 elements ahead of each W row stream (512 bytes; 128-1,024 measured)
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define FEW_ROWS_CLONES __attribute__((target_clones("avx512f", "avx2,fma", "default")))
@@ -66,9 +68,9 @@ __attribute__((target("avx512f"))) inline __m512 load16(const c10::BFloat16* w) 
 }
 
 // dot_rows for float32 x with AVX-512F intrinsics (W float32 or bf16): the compiler neither vectorises
-// the bf16 widening well nor keeps the float32 accumulators in registers at 7-8 rows. One fused
-// multiply-add per (W row, x row) per 16 weights; the same lanes and the same final order of sums as the
-// portable dot_rows; picked at run time where the CPU has AVX-512F (avx512_available).
+// the bf16 widening well nor keeps the accumulators in registers. One fused multiply-add per (W row,
+// x row) per 16 weights, the same lanes as the portable dot_rows, the 16 lanes summed by a fixed tree
+// (deterministic); picked at run time where the CPU has AVX-512F (avx512_available).
 template <typename WT, int M, int R>
 __attribute__((target("avx512f"))) void dot_rows_avx512(const float* x, int64_t K, const WT* w, float* out) {
   __m512 acc[R][M];
@@ -76,20 +78,15 @@ __attribute__((target("avx512f"))) void dot_rows_avx512(const float* x, int64_t 
     for (int m = 0; m < M; ++m) acc[r][m] = _mm512_setzero_ps();
   int64_t k = 0;
   for (; k + kLanes <= K; k += kLanes) {
-    __m512 xv[M];
-    for (int m = 0; m < M; ++m) xv[m] = _mm512_loadu_ps(x + m * K + k);
-    for (int r = 0; r < R; ++r) {
+    for (int r = 0; r < R; ++r) {  // x rows read from L1 by the multiply-add itself: R x M + 1 registers
       __builtin_prefetch(w + r * K + k + kPrefetch * sizeof(float) / sizeof(WT));
       const __m512 wf = load16(w + r * K + k);
-      for (int m = 0; m < M; ++m) acc[r][m] = _mm512_fmadd_ps(xv[m], wf, acc[r][m]);
+      for (int m = 0; m < M; ++m) acc[r][m] = _mm512_fmadd_ps(_mm512_loadu_ps(x + m * K + k), wf, acc[r][m]);
     }
   }
   for (int r = 0; r < R; ++r)
     for (int m = 0; m < M; ++m) {
-      alignas(64) float lanes[kLanes];
-      _mm512_store_ps(lanes, acc[r][m]);
-      float s = 0;
-      for (int l = 0; l < kLanes; ++l) s += lanes[l];
+      float s = _mm512_reduce_add_ps(acc[r][m]);  // a fixed tree over the 16 lanes
       for (int64_t kk = k; kk < K; ++kk) s += x[m * K + kk] * widen(w[r * K + kk]);
       out[r * M + m] = s;
     }
@@ -102,11 +99,11 @@ bool avx512_available() {
 #endif
 
 // y rows [0, M) (row stride N) from x rows [0, M): W read once, R rows at a time (R streams per
-// thread: more memory-level parallelism than one; measured best at 4 for up to 6 rows of x, when
-// R x M accumulators still fit the vector registers), the last N % R rows one at a time
+// thread: more memory-level parallelism than one; as many as keep R x M accumulators in AVX-512's 32
+// registers: 8 streams for up to 3 rows of x, 6 for 5, 4 for 7, 3 for 8), the last N % R rows one at a time
 template <typename T, typename WT, int M>
 void rows_pass(const T* x, const WT* w, const T* b, T* y, int64_t K, int64_t N) {
-  constexpr int R = M <= 6 ? 4 : 2;
+  constexpr int R = M <= 3 ? 8 : M <= 5 ? 6 : M <= 7 ? 4 : 3;
   const int64_t groups = N / R;
 #ifdef FEW_ROWS_AVX512
   const bool avx512 = std::is_same_v<T, float> && avx512_available();

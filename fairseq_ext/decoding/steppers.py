@@ -105,9 +105,10 @@ class Stepper:
     def _bf16_copy(self, weight: Tensor) -> Tensor:
         """The bf16 copy of a float32 weight whose values are bf16-rounded (exact), made on first use and
         again when the weight changes in place."""
+        version = 0 if weight.is_inference() else weight._version  # (inference tensors keep no version)
         entry = self._bf16.get(id(weight))
-        if entry is None or entry[0] is not weight or entry[1] != weight._version:
-            entry = (weight, weight._version, weight.detach().to(torch.bfloat16))
+        if entry is None or entry[0] is not weight or entry[1] != version:
+            entry = (weight, version, weight.detach().to(torch.bfloat16))
             self._bf16[id(weight)] = entry
         return entry[2]
 

@@ -72,41 +72,51 @@ ROOFLINE = [
 
 def block_roofline(args):
     """Per family: bytes a step reads, the roofline time at the bandwidth measured in the same run, measured
-    ms/step on the fast path in fp32, with bf16 weights (--bf16) and with the int8 decoder, % of roofline,
-    encoder time per sentence, the ratio against the paper's baseline on the same path, the byte-bound
-    ratio, bf16's speed over fp32 on the same model, the paper's ratio."""
-    r = load_bench(args[0] if args else "decode_roofline")
+    ms/step on the fast path in fp32 and with the int8 decoder (first preset), with bf16 weights (--bf16;
+    second preset, whose own fp32 rows give the bf16 vs fp32 ratio), % of roofline, encoder time per
+    sentence, the ratio against the paper's baseline on the same path, the byte-bound ratio, the paper's."""
+    presets = args or ["decode_roofline", "decode_roofline_bf16"]
+    r = load_bench(presets[0])
     bsz = min(r["settings"]["batch_sizes"])
     res = {n: m["results"][bsz] for n, m in r["models"].items()}
+    half_run = (load_bench(presets[1]) if len(presets) > 1
+                and os.path.exists(os.path.join(REPO, "docs", "benchmarks", presets[1] + ".json")) else None)
+    half = {n: m["results"][bsz] for n, m in half_run["models"].items()} if half_run else {}
     rows = []
 
     def triple(runs, fmt):
         return " / ".join(fmt(x) if x else "-" for x in runs)
 
     for model, base, paper in ROOFLINE:
-        f, h, q = (res.get(model + suffix) for suffix in ("+fast", "+bf16", "+int8"))
+        f, h, q = res.get(model + "+fast"), half.get(model + "+bf16"), res.get(model + "+int8")
         if f is None:
             continue
         b = res.get(base + "+fast") if base else None
         mb = triple((f, h, q), lambda x: f"{x['bytes_per_step'] / 1e6:.0f}")
         ms = triple((f, h, q), lambda x: f"{x['ms_per_step']['median']:.1f}")
         pct = triple((f, h, q), lambda x: f"{x['roofline_pct']:.0f}%")
+        enc = triple((f, h), lambda x: f"{x['encoder_ms']:.0f}")
         ratio = bound = "-"
         if b:
             ratio = f"{b['ms_per_step']['median'] / f['ms_per_step']['median']:.2f}×"
             bound = f"{b['bytes_per_step'] / f['bytes_per_step']:.2f}×"
-        half = f"{f['ms_per_step']['median'] / h['ms_per_step']['median']:.2f}×" if h else "-"
+        speedup = "-"
+        if h and half.get(model + "+fast"):
+            speedup = f"{half[model + '+fast']['ms_per_step']['median'] / h['ms_per_step']['median']:.2f}×"
         rows.append(f"| {model} | {base or '-'} | {mb} | {f['roofline_ms_per_step']:.1f} | {ms} | {pct} | "
-                    f"{f['encoder_ms']:.0f} | {ratio} | {bound} | {half} | {paper or '-'} |")
+                    f"{enc} | {ratio} | {bound} | {speedup} | {paper or '-'} |")
     s = r["settings"]
-    head = (f"`{command('decode_roofline')}` — {machine(r)}; memory bandwidth measured in the run "
+    cmds = " and ".join(f"`{command(p)}`" for p in presets[:2] if p == presets[0] or half_run)
+    head = (f"{cmds} — {machine(r)}; memory bandwidth measured in the run "
             f"{r['bandwidth_gb_s']:.1f} GB/s; batch {bsz}, beam {s['beam']}, source {s['src_len']} tokens, "
             f"{s['tgt_len']} target tokens, vocabulary {s.get('vocab', 32000):,}, random weights at the paper's dims; fast path "
-            "(`fairseq-ext-generate`): fp32 / `--bf16` (weights read as bf16) / `--int8` decoder.\n\n")
+            "(`fairseq-ext-generate`): fp32 / `--bf16` (weights read as bf16; its own run, with each model's fp32 "
+            "beside it for the bf16 vs fp32 column) / `--int8` decoder.\n\n")
     return head + "\n".join(
         ["| model | paper's baseline | MB read per step fp32 / bf16 / int8 | roofline ms/step fp32 | measured ms/step "
-         "fp32 / bf16 / int8 | % of roofline fp32 / bf16 / int8 | encoder ms per sentence | speed vs baseline (fp32) | "
-         "byte-bound ratio | bf16 vs fp32 | paper |", "|---|---|---|---|---|---|---|---|---|---|---|"] + rows)
+         "fp32 / bf16 / int8 | % of roofline fp32 / bf16 / int8 | encoder ms per sentence fp32 / bf16 | speed vs "
+         "baseline (fp32) | byte-bound ratio | bf16 vs fp32 | paper |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+        + rows)
 
 
 @functools.lru_cache(maxsize=None)
