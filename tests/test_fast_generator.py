@@ -99,7 +99,7 @@ def test_int8_quantizes_the_decoder_and_decodes_as_fairseq_on_the_quantized_mode
 
 
 @pytest.mark.parametrize("arch", SERVED + ["can_decoder_attention_tiny", "terraformer_tiny"])
-def test_bf16_rounds_the_weights_and_decodes_as_fairseq_on_the_rounded_model(arch, tiny_data):
+def test_bf16_rounds_the_weights_and_decodes_as_fairseq_on_the_rounded_model(arch, tiny_data, caplog):
     """bf16=True (fairseq-ext-generate --bf16 on a CPU): every weight is rounded to bfloat16 in place, the
     step's products read bfloat16 copies (exactly the rounded values), and the hypotheses are fairseq's on
     the rounded model (the same sums in another order), its encoder run as the fast path runs it (under
@@ -112,8 +112,10 @@ def test_bf16_rounds_the_weights_and_decodes_as_fairseq_on_the_rounded_model(arc
 
     task, model = _sharpened(tiny_data, arch)
     sample, kw = fixed_batch(task, n=3), dict(beam_size=5, max_len_b=8)
-    gen = FastSequenceGenerator([model], task.target_dictionary, bf16=True, **kw)
+    with caplog.at_level("INFO", logger="fairseq_ext.decoding.fast_generator"):
+        gen = FastSequenceGenerator([model], task.target_dictionary, bf16=True, **kw)
     assert isinstance(gen.model, FastEnsembleModel if arch in SERVED else OwnStepEnsembleModel), gen.fast_reason
+    assert "not used" not in caplog.text and ("generic mode" in caplog.text) == (arch not in SERVED)
     assert gen.model.encoder_bf16 == (bf16_encoder_reason() is None)
     assert all(torch.equal(p, p.bfloat16().float()) for p in model.parameters())
     ref_gen = SequenceGenerator([model], task.target_dictionary, **kw)

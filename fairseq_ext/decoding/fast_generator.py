@@ -264,6 +264,11 @@ class FastSequenceGenerator(SequenceGenerator):
         elif own_step_reason(models) is None:
             self.model = OwnStepEnsembleModel(models, bf16)
             self.model.eval()
+            logger.info(f"fast decoding path, generic mode (the model's own incremental step; {self.fast_reason})"
+                        + (": int8 needs the full fast path, decoding in fp32" if int8 else ""))
+        else:
+            logger.info(f"fast decoding path not used ({self.fast_reason}): fairseq's SequenceGenerator step"
+                        + (" in fp32 (int8 needs the fast path)" if int8 else ""))
         if bf16 and isinstance(self.model, _BF16EncoderMixin):
             reason = bf16_encoder_reason()
             self.model.encoder_bf16 = reason is None
@@ -271,11 +276,6 @@ class FastSequenceGenerator(SequenceGenerator):
                 store_encoder_linears_bf16(models[0])
             logger.info("--bf16: the encoder runs under bf16 autocast" if reason is None
                         else f"--bf16: the encoder runs in float32 ({reason})")
-            logger.info(f"fast decoding path, generic mode (the model's own incremental step; {self.fast_reason})"
-                        + (": int8 needs the full fast path, decoding in fp32" if int8 else ""))
-        else:
-            logger.info(f"fast decoding path not used ({self.fast_reason}): fairseq's SequenceGenerator step"
-                        + (" in fp32 (int8 needs the fast path)" if int8 else ""))
 
     def _generate(self, sample, prefix_tokens=None, constraints=None, bos_token=None):
         if isinstance(self.model, FastEnsembleModel):

@@ -48,6 +48,8 @@ HEADLINE = [
     ("train_sas_lm", "sas_p_lm", "SAS-P vs Pre-LN, training tokens/s (18 × 768 LM)", "~1.15×"),
     ("decode_fast_big", "transformer_wmt_en_de_big+fast", "fast path vs fairseq-generate, Big, beam 5", "-"),
     ("decode_fast_big", "transformer_wmt_en_de_big+int8", "fast path `--int8` vs fairseq-generate, Big", "-"),
+    ("decode_roofline_bf16", "transformer_wmt_en_de_big+bf16", "fast path `--bf16` vs fast path fp32, Big, beam 5",
+     "-"),
     ("decode_fast_big", "transformer_wmt_en_de_big+ct2", "CTranslate2 fp32 vs fairseq-generate, Big", "-"),
     ("decode_fast_big", "transformer_wmt_en_de_big+ct2int8", "CTranslate2 int8 vs fairseq-generate, Big", "-"),
     ("train_precision", "baseline", "bf16 autocast vs fp32 training, baseline (d 256)", "-"),
