@@ -105,9 +105,10 @@ def test_bf16_rounds_the_weights_and_decodes_as_fairseq_on_the_rounded_model(arc
     the rounded model (the same sums in another order), its encoder run as the fast path runs it (under
     bf16 autocast where this CPU's bf16 products are fast)."""
     from fairseq_ext import ops
-    from fairseq_ext.decoding.fast_generator import OwnStepEnsembleModel, _BF16EncoderMixin, bf16_encoder_reason
+    from fairseq_ext.decoding.bf16_encoder import BF16EncoderMixin, bf16_encoder_reason
+    from fairseq_ext.decoding.fast_generator import OwnStepEnsembleModel
 
-    class AutocastEncoderEnsemble(_BF16EncoderMixin, EnsembleModel):
+    class AutocastEncoderEnsemble(BF16EncoderMixin, EnsembleModel):
         pass
 
     task, model = _sharpened(tiny_data, arch)
@@ -215,3 +216,29 @@ def test_int8_says_what_it_quantized(arch, tiny_data, caplog):
         assert share >= 95, share
     else:
         assert share < 95, share  # not everything: the message says so
+
+
+def test_bf16_encoder_linears_packed_once_and_equal_to_autocast_linear(tiny_data):
+    """prepare_encoder (--bf16's encoder): the encoder's own Linear weights become bf16 (those shared with
+    the decoder stay float32), and a module-called Linear gives autocast F.linear's result within bf16
+    rounding under autocast, and F.linear's exactly outside it."""
+    from fairseq_ext.decoding.bf16_encoder import prepare_encoder
+
+    _, _, model, _ = build(tiny_data, "one_wide_ffn_tiny")
+    model.eval()
+    shared = {id(p) for p in model.decoder.parameters()}
+    fc1 = model.encoder.layers[0].fc1
+    x = torch.randn(7, 3, fc1.in_features)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        ref = torch.nn.functional.linear(x, fc1.weight, fc1.bias)
+    prepare_encoder(model)
+    assert model.encoder._bf16_prepared
+    for m in model.encoder.modules():
+        if type(m) is torch.nn.Linear:
+            assert m.weight.dtype == (torch.float32 if id(m.weight) in shared else torch.bfloat16)
+    with torch.no_grad():
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = fc1(x)
+        assert out.dtype == torch.bfloat16 and out.shape == ref.shape
+        torch.testing.assert_close(out.float(), ref.float(), rtol=1e-2, atol=1e-2)
+        torch.testing.assert_close(fc1(x), torch.nn.functional.linear(x, fc1.weight.float(), fc1.bias))

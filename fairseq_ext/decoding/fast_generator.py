@@ -31,7 +31,6 @@ incremental encoder-decoders (the CAN ablations, Terraformer) take the generic m
 (`OwnStepEnsembleModel`: their own step, the kernel output projection, the two-stage top-k) with a
 one-line notice saying why (`unsupported_reason`); ensembles use fairseq's step.
 """
-import functools
 import logging
 import warnings
 from typing import Dict, List, Optional
@@ -44,6 +43,7 @@ from fairseq.sequence_generator import EnsembleModel, SequenceGenerator
 from torch import Tensor, nn
 
 from ..ops.few_rows_linear import few_rows_linear
+from .bf16_encoder import BF16EncoderMixin, bf16_encoder_reason
 from .steppers import stepper_for
 
 logger = logging.getLogger(__name__)
@@ -57,32 +57,7 @@ def unsupported_reason(models) -> Optional[str]:
     return stepper_for(models)[1]
 
 
-@functools.lru_cache(maxsize=None)
-def bf16_encoder_reason() -> Optional[str]:
-    """None when the encoder should run under bf16 autocast with --bf16 (this CPU has native bf16
-    instructions and a bf16 product beats fp32 here: tools/precision.py's test), else why not."""
-    from ..tools import precision
-
-    choice = precision.choose() if not torch.cuda.is_available() else {"precision": "fp16", "reason": "CUDA"}
-    return None if choice["precision"] == "bf16" else choice["reason"]
-
-
-class _BF16EncoderMixin:
-    """forward_encoder under torch.autocast("cpu", bfloat16) when `encoder_bf16` (--bf16 on a CPU with
-    fast bf16 products: the encoder is compute-bound, run once per sentence); its outputs back in float32."""
-
-    encoder_bf16 = False
-
-    def forward_encoder(self, net_input):
-        if not self.encoder_bf16:
-            return super().forward_encoder(net_input)
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            outs = super().forward_encoder(net_input)
-        return [{k: [t.float() if torch.is_tensor(t) and t.dtype == torch.bfloat16 else t for t in v]
-                 for k, v in out.items()} for out in outs]
-
-
-class FastEnsembleModel(_BF16EncoderMixin, EnsembleModel):
+class FastEnsembleModel(BF16EncoderMixin, EnsembleModel):
     """EnsembleModel whose decoder step and reordering go through the Stepper serving the model."""
 
     def __init__(self, models, beam_size: int, bf16: bool = False):
@@ -122,7 +97,7 @@ def own_step_reason(models) -> Optional[str]:
     return None
 
 
-class OwnStepEnsembleModel(_BF16EncoderMixin, EnsembleModel):
+class OwnStepEnsembleModel(BF16EncoderMixin, EnsembleModel):
     """For incremental decoders no Stepper serves (the CAN ablations, Terraformer): the model's own
     incremental step (`extract_features`), then the output projection through ops.few_rows_linear when
     it is fairseq's plain Linear output layer (the largest single read of a small decoder's step:
@@ -170,18 +145,6 @@ def round_to_bf16(model):
     logger.info("--bf16: weights rounded to bfloat16; the decoder's products read them as bfloat16, "
                 "activations and sums in float32")
     return model
-
-
-def store_encoder_linears_bf16(model):
-    """The weights of the encoder's own Linear layers (not shared with the decoder) stored in bf16, in
-    place: under autocast their products take them as they are instead of casting float32 weights on every
-    call (One Wide FFN's shared FFN, applied in every layer, would be cast six times per sentence). The
-    values are the rounded float32 ones (round_to_bf16): the same products."""
-    decoder = {id(p) for p in model.decoder.parameters()}
-    with torch.no_grad():
-        for m in model.encoder.modules():
-            if type(m) is nn.Linear and id(m.weight) not in decoder and m.weight.dtype == torch.float32:
-                m.weight.data = m.weight.data.to(torch.bfloat16)
 
 
 def quantize_decoder_int8(model):
@@ -269,11 +232,9 @@ class FastSequenceGenerator(SequenceGenerator):
         else:
             logger.info(f"fast decoding path not used ({self.fast_reason}): fairseq's SequenceGenerator step"
                         + (" in fp32 (int8 needs the fast path)" if int8 else ""))
-        if bf16 and isinstance(self.model, _BF16EncoderMixin):
+        if bf16 and isinstance(self.model, BF16EncoderMixin):
             reason = bf16_encoder_reason()
             self.model.encoder_bf16 = reason is None
-            if reason is None:
-                store_encoder_linears_bf16(models[0])
             logger.info("--bf16: the encoder runs under bf16 autocast" if reason is None
                         else f"--bf16: the encoder runs in float32 ({reason})")
 
