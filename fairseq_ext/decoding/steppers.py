@@ -13,7 +13,8 @@ incremental-state dictionaries, for the decoders this package knows.
   parts of A = α·I + β·softmax − γ·C in one product), then fairseq's cross-attention and the MLP.
 
 Shared (`Stepper`): embeddings and positions as fairseq's TransformerDecoderBase; every projection and the
-output projection through ops.few_rows_linear at 3-16 rows (weights read once for all rows); keys/values
+output projection through ops.few_rows_linear at 3-16 rows (weights read once for all rows; with --bf16 at
+1-16 rows, reading bf16 copies of the bf16-rounded weights: `_bf16_copy`); keys/values
 of self-attention written in place into buffers that double when full (modules/kv_cache.py);
 cross-attention keys/values of fairseq's MultiheadAttention computed once per sentence, stored per
 sentence and re-indexed only when finished sentences leave the batch. Decoders whose Linear layers were
