@@ -255,11 +255,16 @@ class Study:
         p, runs = self.p, []
         runs += [("baseline", lr, 1, "learning-rate sweep") for lr in p.lrs]
         lr = self.best_lr("baseline")
-        if lr is None:
-            return runs
         mains = [c for c in self.configs.values() if c.role == "main"]
         ablations = [c for c in self.configs.values() if c.role == "ablation"]
         key = [c for c in ("one_wide_ffn", "shared_enc_no_dec") if c in self.configs]  # diagnosed first
+        if lr is None:  # while the sweep trains: the runs every outcome of it needs (each main configuration
+            # at each rate of the sweep, seed 1: at the baseline's rate, or at another as its own best)
+            first = [c for c in key if self.configs[c].role == "main"]
+            runs += [(c, other, 1, "seed 1 at a rate of the sweep") for c in first + [m.name for m in mains
+                                                                                   if m.name not in first]
+                     for other in p.lrs]
+            return runs
         runs += [(c, lr, 1, "seed 1") for c in key]
         runs += [(c.name, lr, 1, "seed 1") for c in mains if c.name not in key]
         runs += [(c.name, lr, 1, "ablation") for c in ablations if c.name not in key]
