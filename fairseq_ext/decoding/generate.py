@@ -22,6 +22,16 @@ import torch
 from .fast_generator import FastSequenceGenerator
 
 
+def _take(flag, attr, what, exclusive):
+    """Take our `flag` out of sys.argv and set FastSequenceGenerator.<attr>; exit naming the first of the
+    `exclusive` flags also given."""
+    other = [f for f in exclusive if f in sys.argv]
+    if other:
+        sys.exit(f"fairseq-ext-generate: {flag} {what} and cannot be combined with {other[0]}: drop one of the two")
+    sys.argv.remove(flag)
+    setattr(FastSequenceGenerator, attr, True)
+
+
 def main():
     if "-h" in sys.argv or "--help" in sys.argv:
         print("fairseq-ext-generate: fairseq-generate's flags (below), plus\n"
@@ -29,19 +39,11 @@ def main():
               "  --bf16    on a CPU: weights rounded to bf16 and read as bf16, float32 arithmetic (fast path)\n")
     on_cpu = "--cpu" in sys.argv or not torch.cuda.is_available()
     if "--bf16" in sys.argv and on_cpu:
-        other = [f for f in ("--int8", "--fp16", "--memory-efficient-fp16", "--memory-efficient-bf16") if f in sys.argv]
-        if other:
-            sys.exit(f"fairseq-ext-generate: --bf16 on a CPU reads the float32 model's weights as bfloat16 and "
-                     f"cannot be combined with {other[0]}: drop one of the two")
-        sys.argv.remove("--bf16")
-        FastSequenceGenerator.bf16 = True
+        _take("--bf16", "bf16", "on a CPU reads the float32 model's weights as bfloat16",
+              ("--int8", "--fp16", "--memory-efficient-fp16", "--memory-efficient-bf16"))
     if "--int8" in sys.argv:
-        half = [f for f in ("--fp16", "--bf16", "--memory-efficient-fp16", "--memory-efficient-bf16") if f in sys.argv]
-        if half:
-            sys.exit(f"fairseq-ext-generate: --int8 quantizes the decoder's fp32 weights and cannot be combined "
-                     f"with {half[0]}: drop one of the two")
-        sys.argv.remove("--int8")
-        FastSequenceGenerator.int8 = True
+        _take("--int8", "int8", "quantizes the decoder's fp32 weights",
+              ("--fp16", "--bf16", "--memory-efficient-fp16", "--memory-efficient-bf16"))
     sequence_generator.SequenceGenerator = FastSequenceGenerator
     from fairseq_cli.generate import cli_main
 
