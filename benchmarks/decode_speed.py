@@ -23,7 +23,6 @@ Writes docs/benchmarks/<name>.json and .png (tokens/s vs batch size), prints a m
 import argparse
 import logging
 import os
-import re
 import sys
 
 import torch
@@ -31,6 +30,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
 import ct2  # noqa: E402
+from fairseq_ext.tools.params import decode_weight_split  # noqa: E402
 
 SWEEP = [1, 2, 4, 8, 16, 32, 64]
 
@@ -86,28 +86,19 @@ def make_ct2_fn(worker, name, sample, task, beam, tgt_len, peaks):
     return fn
 
 
-# decoder parameters a decoding step does not read (the cross-attention keys/values of fairseq's attention and
-# of CAN's sub-layer are computed once per sentence)
-ONCE_PER_SENTENCE = re.compile(r"(encoder_attn\.(k_proj|v_proj)|\.(k_enc|v_enc))\.(weight|bias)$")
-
-
 def bytes_per_step(model, bsz, beam, src_len, tgt_len):
     """Bytes a decoding step must read (fp32): the model's own estimate when it defines
     `decode_bytes_per_step`, else a standard encoder-decoder Transformer's, where a decoder module that
     reads only part of its weights per step says how much (`decode_weight_reads(tokens)`), and the
-    weights that read the encoder output (ONCE_PER_SENTENCE) are spread over the steps with the encoder's."""
+    weights that read the encoder output (tools.params.ONCE_PER_SENTENCE) are spread over the steps with the
+    encoder's."""
     if hasattr(model, "decode_bytes_per_step"):
         return model.decode_bytes_per_step(bsz, beam, src_len, tgt_len)
-    # the cross-attention's key/value projections read the encoder output once per sentence: counted with
-    # the encoder, spread over the steps
-    once = {id(p) for n, p in model.decoder.named_parameters() if ONCE_PER_SENTENCE.search(n)}
-    dec_params = {id(p): p.numel() for p in model.decoder.parameters() if id(p) not in once}  # tied weights once
+    dec_params, enc_only = decode_weight_split(model)  # the cross-attention K/V projections: once per sentence
     for module in model.decoder.modules():  # modules that read only part of their weights (sparse FFN)
         if hasattr(module, "decode_weight_reads"):
             dec_params.update(module.decode_weight_reads(bsz * beam))
     dec = sum(dec_params.values())
-    enc_only = sum(p.numel() for p in model.encoder.parameters() if id(p) not in dec_params)
-    enc_only += sum(p.numel() for p in model.decoder.parameters() if id(p) in once)
     layers = len(getattr(model.decoder, "layers", []))
     d = model.decoder.embed_dim if hasattr(model.decoder, "embed_dim") else 0
     rows = bsz * beam

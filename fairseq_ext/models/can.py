@@ -12,7 +12,6 @@ decoder. Decoder layer, by --can-compress (paper Table 5):
 Pre-norm or post-norm by --decoder-normalize-before; final decoder LayerNorm in pre-norm (fairseq's).
 --can-value-dim sets d_v (default: --decoder-ffn-embed-dim; the paper's 2048 for base).
 """
-import re
 from typing import Dict, List, Optional
 
 from fairseq.models.transformer import TransformerConfig, TransformerDecoderBase
@@ -161,11 +160,9 @@ class CANModel(OneWideFFNModel):
         the caches (keys of width d, values of width d_v; encoder and decoder side), and the encoder's
         weights amortised over the steps with the projections of the encoder output (computed once per
         sentence: the encoder keys/values)."""
-        once = {id(p) for n, p in self.decoder.named_parameters()
-                if re.search(r"(encoder_attn\.(k_proj|v_proj)|\.(k_enc|v_enc))\.(weight|bias)$", n)}
-        dec_params = {id(p): p.numel() for p in self.decoder.parameters() if id(p) not in once}
-        enc_only = sum(p.numel() for p in self.encoder.parameters() if id(p) not in dec_params)
-        enc_only += sum(p.numel() for p in self.decoder.parameters() if id(p) in once)
+        from ..tools.params import decode_weight_split
+
+        dec_params, enc_only = decode_weight_split(self)
         rows, d = bsz * beam, self.decoder.embed_dim
         kv = 0
         for layer in self.decoder.layers:

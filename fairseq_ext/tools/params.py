@@ -11,6 +11,7 @@ baseline defaults to the arch's paper baseline where the family declares one (BA
 """
 import argparse
 import importlib
+import re
 
 import torch
 
@@ -25,6 +26,21 @@ class VocabTask:
         for i in range(size - len(d)):
             d.add_symbol(f"w{i}")
         self.source_dictionary = self.target_dictionary = d
+
+
+# decoder parameters a decoding step does not read: the cross-attention keys/values (fairseq's attention,
+# CAN's sub-layer) are computed once per sentence
+ONCE_PER_SENTENCE = re.compile(r"(encoder_attn\.(k_proj|v_proj)|\.(k_enc|v_enc))\.(weight|bias)$")
+
+
+def decode_weight_split(model):
+    """({id: numel} of the distinct decoder parameters a decoding step reads, numel of the parameters read
+    once per sentence: the encoder's own and the decoder's ONCE_PER_SENTENCE ones) for the roofline's bytes."""
+    once = {id(p) for n, p in model.decoder.named_parameters() if ONCE_PER_SENTENCE.search(n)}
+    step = {id(p): p.numel() for p in model.decoder.parameters() if id(p) not in once}  # tied weights once
+    per_sentence = sum(p.numel() for p in model.encoder.parameters() if id(p) not in step)
+    per_sentence += sum(p.numel() for p in model.decoder.parameters() if id(p) in once)
+    return step, per_sentence
 
 
 def is_language_model(arch):
