@@ -13,12 +13,15 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
 import decode_speed  # noqa: E402
+import train_allocator  # noqa: E402
 import train_precision  # noqa: E402
 import train_speed  # noqa: E402
 
 
 # the Scaling Transformer recipe's models (examples/scaling_sparse/train.sh) at the small dims, 8k vocabulary
 SMALL, SMALL_FFN = common.small_dims()
+_STUDY = __import__("fairseq_ext.tools.study", fromlist=["PROTOCOLS"]).PROTOCOLS["paper"]
+STUDY_DIMS = " ".join(_STUDY.dims) + f" --encoder-ffn-embed-dim {_STUDY.ffn} --decoder-ffn-embed-dim {_STUDY.ffn}"
 DENSE_SMALL = f"dense=transformer@{SMALL} {SMALL_FFN}"
 SMALL_SPARSE = [f"sparse_ff=scaling_sparse_ff@{SMALL} {SMALL_FFN} --sparse-ffn-block-size 64",
                 f"sparse_ff_n128=scaling_sparse_ff@{SMALL} {SMALL_FFN} --sparse-ffn-block-size 128",
@@ -90,6 +93,9 @@ PRESETS = {
     # fp32 vs bf16 autocast training (fairseq-train --bf16 on CPU) of the baseline and each main architecture at
     # the recipes' small dims, through fairseq's Trainer on real batches
     "train_precision": (train_precision, train_precision.MODELS[0], train_precision.MODELS[1:], []),
+    # glibc malloc vs tcmalloc (what examples/train.sh preloads on a CPU): the study's baseline shape and the
+    # recipes' small baseline, in the precision the recipes choose, one process per measurement
+    "train_allocator": (train_allocator, f"study_baseline=transformer@{STUDY_DIMS}", train_precision.MODELS[:1], []),
     # The roofline table (docs/benchmarks/decoding.md): every family at its paper's dims on the fast path, fp32
     # and int8 decoder, batch 1, beam 5: bytes per step, % of the weight-streaming roofline, encoder time
     "decode_roofline": (decode_speed, "transformer_wmt_en_de_big+fast",

@@ -5,6 +5,10 @@
 #     (python -m fairseq_ext.tools.precision: --fp16 on a GPU, --bf16 autocast on a CPU with native bf16
 #     that runs it faster, else fp32); PRECISION=fp32|bf16|fp16 (env) overrides the choice. Only the
 #     training recipes call it (the measurement is a probe product: decoding recipes need none).
+case "${ALLOCATOR:-auto}" in
+  auto|system) ;;
+  *) echo "ALLOCATOR=${ALLOCATOR}: use auto or system" >&2; exit 2 ;;
+esac
 case "${PRECISION:-auto}" in
   auto|fp32|bf16|fp16) ;;
   *) echo "PRECISION=${PRECISION}: use auto, fp32, bf16 or fp16" >&2; exit 2 ;;
@@ -24,4 +28,15 @@ training_precision() {
     bf16) precision=(--bf16) ;;
     fp16) precision=(--fp16) ;;
   esac
+}
+
+cpu_allocator() {
+  [ "${ALLOCATOR:-auto}" = auto ] && [ "${train_device[*]}" = --cpu ] || return 0
+  local lib
+  lib=$(ldconfig -p 2>/dev/null | awk '$1 == "libtcmalloc_minimal.so.4" {print $NF; exit}')
+  [ -n "$lib" ] || return 0
+  case ":${LD_PRELOAD:-}:" in *":$lib:"*) return 0 ;; esac
+  export LD_PRELOAD="$lib${LD_PRELOAD:+:$LD_PRELOAD}"
+  export TCMALLOC_LARGE_ALLOC_REPORT_THRESHOLD=${TCMALLOC_LARGE_ALLOC_REPORT_THRESHOLD:-1099511627776}
+  echo "memory allocator: tcmalloc ($lib; ALLOCATOR=system keeps glibc's)" >&2
 }

@@ -6,7 +6,8 @@
 # the last 5 epoch checkpoints kept, a log line every LOG_INTERVAL (env, default 50) updates.
 # --cpu unless torch sees a GPU. Precision by measurement (python -m fairseq_ext.tools.precision): --fp16 on a
 # GPU, --bf16 (autocast, fp32 weights) on a CPU with native bf16 that runs it faster, else fp32;
-# PRECISION=fp32|bf16|fp16 (env) overrides the choice. The language pair: SRC/TGT (env, default en de; what
+# PRECISION=fp32|bf16|fp16 (env) overrides the choice. On a CPU, tcmalloc when the machine has it (see
+# examples/device.sh: same results, faster; ALLOCATOR=system keeps glibc's). The language pair: SRC/TGT (env, default en de; what
 # examples/data/binarize.sh --src/--tgt binarized), or --source-lang/--target-lang in the flags (later flags win).
 set -euo pipefail
 data=$1; save=$2; shift 2
@@ -14,6 +15,7 @@ repo=$(cd "$(dirname "$0")/.." && pwd)
 mkdir -p "$save"
 source "$repo/examples/device.sh"
 training_precision
+cpu_allocator
 set -x
 fairseq-train "$data" --user-dir "$repo/fairseq_ext" "${train_device[@]}" "${precision[@]}" \
   --task translation --source-lang "${SRC:-en}" --target-lang "${TGT:-de}" --dropout 0.1 \

@@ -88,3 +88,27 @@ def test_terraformer_translation_recipe(tiny_data, tmp_path):
     p = run(["bash", os.path.join(REPO, "examples/terraformer/train.sh"), "tiny", str(tiny_data / "bin"), str(save),
              "--max-update", "2", "--no-epoch-checkpoints"])
     assert (save / "checkpoint_last.pt").exists() and "done training" in p.stdout + p.stderr
+
+
+def test_train_recipe_allocator(tiny_data, tmp_path):
+    """examples/train.sh on a CPU preloads tcmalloc when the linker cache has it (ALLOCATOR=system keeps
+    glibc's): the allocator changes no number, so both runs log the same losses; a bad ALLOCATOR is refused."""
+    import re
+    import subprocess
+
+    has_tcmalloc = "libtcmalloc_minimal.so.4 " in subprocess.run(["ldconfig", "-p"], capture_output=True,
+                                                                  text=True).stdout
+    logs = {}
+    for alloc in ("auto", "system"):
+        p = run(["bash", os.path.join(REPO, "examples/train.sh"), str(tiny_data / "bin"), str(tmp_path / alloc),
+                 "--arch", "transformer_tiny", "--share-all-embeddings", "--max-update", "4", "--log-interval", "1",
+                 "--disable-validation", "--no-save", "--num-workers", "0"],
+                ALLOCATOR=alloc, PRECISION="bf16", OMP_NUM_THREADS="1")
+        out = p.stdout + p.stderr
+        assert ("memory allocator: tcmalloc" in out) == (has_tcmalloc and alloc == "auto"), out[-2000:]
+        logs[alloc] = re.findall(r"\bloss[ =]([0-9.]+).*?nll_loss[ =]([0-9.]+).*?num_updates[ =](\d+).*?"
+                                 r"gnorm[ =]([0-9.]+)", out)
+    assert len(logs["auto"]) >= 4 and logs["auto"] == logs["system"], logs
+    p = subprocess.run(["bash", os.path.join(REPO, "examples/train.sh"), str(tiny_data / "bin"), str(tmp_path / "bad")],
+                       env={**os.environ, "ALLOCATOR": "jemalloc"}, capture_output=True, text=True)
+    assert p.returncode == 2 and "ALLOCATOR=jemalloc: use auto or system" in p.stderr

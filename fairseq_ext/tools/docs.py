@@ -53,6 +53,7 @@ HEADLINE = [
     ("decode_fast_big", "transformer_wmt_en_de_big+ct2", "CTranslate2 fp32 vs fairseq-generate, Big", "-"),
     ("decode_fast_big", "transformer_wmt_en_de_big+ct2int8", "CTranslate2 int8 vs fairseq-generate, Big", "-"),
     ("train_precision", "baseline", "bf16 autocast vs fp32 training, baseline (d 256)", "-"),
+    ("train_allocator", "study_baseline", "tcmalloc vs glibc malloc, CPU training, the study's baseline", "-"),
 ]
 
 
@@ -130,12 +131,14 @@ def _bench_modules():
         import decode_speed
         import run_presets
         import sparse_ffn_speed
+        import train_allocator
         import train_precision
         import train_speed
     finally:
         sys.path.pop(0)
     kinds = {"decode": decode_speed, "train": train_speed, "sparse_ffn": sparse_ffn_speed,
-             "can_step": can_step_speed, "train_precision": train_precision}
+             "can_step": can_step_speed, "train_precision": train_precision,
+             "train_allocator": train_allocator}
     return kinds, run_presets
 
 
@@ -179,7 +182,7 @@ def block_bench(args):
 
 
 def _ratio(result, candidate):
-    if result["kind"] == "train_precision":
+    if result["kind"] in ("train_precision", "train_allocator"):
         return result["models"][candidate]["ratio"]
     ratios = result["ratios"]
     if result["kind"] == "decode":
