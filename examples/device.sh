@@ -33,7 +33,7 @@ training_precision() {
 cpu_allocator() {
   [ "${ALLOCATOR:-auto}" = auto ] && [ "${train_device[*]}" = --cpu ] || return 0
   local lib
-  lib=$(ldconfig -p 2>/dev/null | awk '$1 == "libtcmalloc_minimal.so.4" {print $NF; exit}')
+  lib=$({ ldconfig -p 2>/dev/null || true; } | awk '$1 == "libtcmalloc_minimal.so.4" && !f {print $NF; f = 1}')
   [ -n "$lib" ] || return 0
   case ":${LD_PRELOAD:-}:" in *":$lib:"*) return 0 ;; esac
   export LD_PRELOAD="$lib${LD_PRELOAD:+:$LD_PRELOAD}"

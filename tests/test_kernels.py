@@ -88,12 +88,26 @@ FEW_ROWS_SHAPES = [(1, 7, 3), (2, 16, 4), (3, 17, 5), (4, 33, 9), (5, 64, 31), (
                    (8, 48, 66), (9, 31, 10), (13, 80, 5), (17, 65, 33), (5, 1, 6), (3, 300, 1)]
 
 
+# the CPU kernels' instruction sets: what the machine has (AVX-512 intrinsics where it has them), and the portable
+# loops (FAIRSEQ_EXT_CPU_ISA=portable, read by the kernels at each call)
+ISAS = ["native", "portable"]
+
+
+def _set_isa(isa, monkeypatch):
+    if isa == "portable":
+        monkeypatch.setenv("FAIRSEQ_EXT_CPU_ISA", "portable")
+    else:
+        monkeypatch.delenv("FAIRSEQ_EXT_CPU_ISA", raising=False)
+
+
 @pytest.mark.parametrize("rows,k,n", FEW_ROWS_SHAPES)
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, "bf16-weight"])
 @pytest.mark.parametrize("bias", [True, False])
-def test_few_rows_linear_equals_reference(rows, k, n, dtype, bias):
+@pytest.mark.parametrize("isa", ISAS)
+def test_few_rows_linear_equals_reference(rows, k, n, dtype, bias, isa, monkeypatch):
     """float64, float32, and float32 x against a bfloat16 weight (--bf16 decoding: exactly the product
-    with the weight widened to float32)."""
+    with the weight widened to float32); both instruction-set paths."""
+    _set_isa(isa, monkeypatch)
     g = torch.Generator().manual_seed(rows * 1000 + k + n)
     wdtype = torch.bfloat16 if dtype == "bf16-weight" else dtype
     dtype = torch.float32 if dtype == "bf16-weight" else dtype
@@ -362,7 +376,7 @@ def test_generation_with_kernels_equals_reference(arch, tiny_data, monkeypatch):
 
 # ---- training kernels: label_smoothed_ce (fused criterion) and hashed_dropout (--bf16 on CPU) ----
 
-CE_SHAPES = [(1, 2), (5, 7), (37, 33), (16, 1003), (9, 8008)]
+CE_SHAPES = [(1, 2), (5, 7), (3, 16), (37, 33), (16, 1003), (9, 8008)]  # V % 16: 2, 7, 0, 1, 11, 8
 CE_TOL = {torch.float32: 2e-6, torch.bfloat16: 8e-3, torch.float16: 1e-3}  # gradient, relative to max |grad|
 
 
@@ -378,12 +392,14 @@ def _ce_case(n, v, dtype, seed=0, pad=1):
 
 @pytest.mark.parametrize("n,v", CE_SHAPES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("kernels", [True, False])
+@pytest.mark.parametrize("kernels", [*ISAS, False])
 def test_label_smoothed_ce_equals_fairseq_criterion(n, v, dtype, kernels, monkeypatch):
     """Value and gradient of fairseq's label_smoothed_nll_loss(log_softmax(x)) computed in float64 on the same
-    (rounded) logits; the compiled op and the PyTorch chunked path (kernels off) alike."""
+    (rounded) logits; the compiled op (both instruction-set paths) and the PyTorch chunked path (kernels off)."""
     from fairseq_ext.ops import cross_entropy as ce
 
+    if kernels:
+        _set_isa(kernels, monkeypatch)
     if not kernels:
         monkeypatch.setenv("FAIRSEQ_EXT_NO_KERNELS", "1")
         monkeypatch.setattr(ce, "CHUNK_ROWS", 4)  # several chunks even at these sizes
@@ -449,9 +465,11 @@ def test_label_smoothed_ce_opcheck():
 @pytest.mark.parametrize("shape", [(1,), (7,), (33, 5), (3, 17, 40), (1000, 37)])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("p", [0.1, 0.3, 0.999])
-def test_hashed_dropout_equals_reference(shape, dtype, p):
+@pytest.mark.parametrize("isa", ISAS)
+def test_hashed_dropout_equals_reference(shape, dtype, p, isa, monkeypatch):
     from fairseq_ext.ops.dropout import hashed_dropout_reference
 
+    _set_isa(isa, monkeypatch)
     x = torch.randn(*shape).to(dtype)
     seed = 0x1234_5678_9ABC_DEF
     out = torch.ops.fairseq_ext.hashed_dropout(x, p, seed)

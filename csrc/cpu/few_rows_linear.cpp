@@ -14,6 +14,8 @@
 #include <type_traits>
 #if defined(__x86_64__)
 #include <immintrin.h>
+#include <cstdlib>
+#include <cstring>
 #endif
 
 #include "few_rows_linear.h"
@@ -92,9 +94,10 @@ __attribute__((target("avx512f"))) void dot_rows_avx512(const float* x, int64_t 
     }
 }
 
-bool avx512_available() {
+bool avx512_available() {  // FAIRSEQ_EXT_CPU_ISA=portable (env) turns it off, as in avx512.h
   static const bool ok = __builtin_cpu_supports("avx512f");
-  return ok;
+  const char* e = std::getenv("FAIRSEQ_EXT_CPU_ISA");
+  return ok && !(e != nullptr && std::strcmp(e, "portable") == 0);
 }
 #endif
 
