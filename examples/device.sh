@@ -5,6 +5,11 @@
 #     (python -m fairseq_ext.tools.precision: --fp16 on a GPU, --bf16 autocast on a CPU with native bf16
 #     that runs it faster, else fp32); PRECISION=fp32|bf16|fp16 (env) overrides the choice. Only the
 #     training recipes call it (the measurement is a probe product: decoding recipes need none).
+#   cpu_allocator: a function that, in a CPU run, preloads tcmalloc (libtcmalloc_minimal.so.4, Debian/Ubuntu
+#     package libtcmalloc-minimal4) when the machine has it. A CPU training update allocates and frees tensors
+#     of tens of MB (logits, their gradient); glibc hands those back to the kernel on every free, so each
+#     update pays the page faults again. tcmalloc keeps the memory: same results, faster
+#     (docs/benchmarks/train_allocator.md). ALLOCATOR=system (env) keeps glibc's. examples/train.sh calls it.
 case "${ALLOCATOR:-auto}" in
   auto|system) ;;
   *) echo "ALLOCATOR=${ALLOCATOR}: use auto or system" >&2; exit 2 ;;
