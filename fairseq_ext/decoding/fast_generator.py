@@ -26,8 +26,8 @@ Supported (steppers.py): one model whose decoder is fairseq's TransformerDecoder
 kind: fairseq's Transformer layers (stock transformer, transformer_balanced, every One Wide FFN placement
 incl. layers without FFN, the sparse FFN of scaling_sparse_ff / one_wide_sparse_ffn, the sparse QKV of
 scaling_sparse / _qkv; MultiheadAttention without bias_kv / zero_attn, no cross-self-attention, head
-scaling, attention LayerNorm or adaptive softmax), CAN layers (--can-compress all) or SAS blocks. Other
-incremental encoder-decoders (the CAN ablations, Terraformer) take the generic mode
+scaling, attention LayerNorm or adaptive softmax), CAN layers (every --can-compress) or SAS blocks. Other
+incremental encoder-decoders (Terraformer) take the generic mode
 (`OwnStepEnsembleModel`: their own step, the kernel output projection, the two-stage top-k) with a
 one-line notice saying why (`unsupported_reason`); ensembles use fairseq's step.
 """

@@ -5,9 +5,12 @@ incremental-state dictionaries, for the decoders this package knows.
   FFN placement, the sparse FFN of scaling_sparse_ff / one_wide_sparse_ffn, the sparse QKV attention of
   scaling_sparse / _qkv: the multiplicative layer, then Q, K and V of the last F steps as one convolution,
   the causal conv state kept beside the key/value cache; cross-attention keys/values once per sentence).
-- `CANStepper`: Compressed Attention Network layers (models/can.py, --can-compress all): the fused input
-  projection (q, k, v, X·W1) as one product, the decoder's keys/values written in place, and the
-  attention, ReLU and second FFN layer as one call of ops.compressed_attention_decode (Eq. 11 + 13).
+- `CANStepper`: Compressed Attention Network layers (models/can.py): the fused input projection (q, k, v,
+  X·W1) as one product, the decoder's keys/values written in place, and the attention, ReLU and second FFN
+  layer as one call of ops.compressed_attention_decode (Eq. 11 + 13). The ablations: --can-compress ffn
+  (fairseq's self-attention sub-layer, then cross-attention and FFN in one call with no decoder keys),
+  --can-compress attention (self- and cross-attention under one softmax, then the output projection and
+  fairseq's FFN sub-layer).
 - `SASStepper`: simplified SAS / SAS-P blocks (models/sas.py): the shaped attention of one query over the
   written cache, α·v_t + Σ_j (β·p_j − γ/n)·v_j as one weighted sum (the identity, softmax and uniform
   parts of A = α·I + β·softmax − γ·C in one product), then fairseq's cross-attention and the MLP.
@@ -141,6 +144,29 @@ class Stepper:
         out = torch.bmm(probs, v)  # (kv_bsz * H, rows, d_h)
         return out.view(kv_bsz, heads, rows, dh).transpose(1, 2).reshape(bsz, d)
 
+    def _self_attention(self, att: MultiheadAttention, fused: Optional[FusedLinearWeights], x: Tensor,
+                        cache: Dict[str, Tensor]) -> Tensor:
+        bsz, d, heads, dh = x.size(0), att.embed_dim, att.num_heads, att.head_dim
+        if fused is not None:
+            qkv = self._linear(x, *fused.get())  # (B, 3d)
+            q, k, v = qkv[:, :d], qkv[:, d:2 * d], qkv[:, 2 * d:]
+        else:
+            q, k, v = self._module(att.q_proj, x), self._module(att.k_proj, x), self._module(att.v_proj, x)
+        q = (q * att.scaling).view(bsz, heads, dh)  # fairseq scales q after the projection
+        return self._module(att.out_proj, self._attend_cache(q, k.view(bsz, heads, dh), v.view(bsz, heads, dh), cache))
+
+    @staticmethod
+    def _attend_cache(q: Tensor, k: Tensor, v: Tensor, cache: Dict[str, Tensor]) -> Tensor:
+        """This step's key/value (B, H, d_h) written into the cache, then the scaled queries q (B, H, d_h)
+        over all cached keys: (B, H·d_h)."""
+        bsz, heads, dh = q.shape
+        kbuf, vbuf, n = write_to_cache(cache, k, v)
+        keys = kbuf[:, :, :n].reshape(bsz * heads, n, dh)  # views: (B, H) merge without a copy
+        values = vbuf[:, :, :n].reshape(bsz * heads, n, dh)
+        scores = torch.bmm(q.reshape(bsz * heads, 1, dh), keys.transpose(1, 2))
+        probs = utils.softmax(scores, dim=-1).type_as(q)  # fairseq's float32 softmax
+        return torch.bmm(probs, values).view(bsz, heads * dh)
+
     @torch.no_grad()
     def step(self, tokens: Tensor) -> Tensor:
         """tokens (B, t+1): the logits (B, 1, V) of the next token."""
@@ -170,7 +196,8 @@ class Stepper:
     # ---- beam reordering ----
     def reorder(self, order: Tensor):
         for cache in self.caches:
-            reorder_written_cache(cache, order)
+            if cache:  # (a layer without decoder keys of its own writes none)
+                reorder_written_cache(cache, order)
         for cross in self.cross:  # per sentence: re-indexed only when sentences leave the batch
             if cross is None:
                 continue
@@ -278,29 +305,6 @@ class TransformerStepper(Stepper):
             for name, t in state.items():
                 state[name] = t.index_select(1, order)
 
-    def _self_attention(self, att: MultiheadAttention, fused: Optional[FusedLinearWeights], x: Tensor,
-                        cache: Dict[str, Tensor]) -> Tensor:
-        bsz, d, heads, dh = x.size(0), att.embed_dim, att.num_heads, att.head_dim
-        if fused is not None:
-            qkv = self._linear(x, *fused.get())  # (B, 3d)
-            q, k, v = qkv[:, :d], qkv[:, d:2 * d], qkv[:, 2 * d:]
-        else:
-            q, k, v = self._module(att.q_proj, x), self._module(att.k_proj, x), self._module(att.v_proj, x)
-        q = (q * att.scaling).view(bsz, heads, dh)  # fairseq scales q after the projection
-        return self._module(att.out_proj, self._attend_cache(q, k.view(bsz, heads, dh), v.view(bsz, heads, dh), cache))
-
-    @staticmethod
-    def _attend_cache(q: Tensor, k: Tensor, v: Tensor, cache: Dict[str, Tensor]) -> Tensor:
-        """This step's key/value (B, H, d_h) written into the cache, then the scaled queries q (B, H, d_h)
-        over all cached keys: (B, H·d_h)."""
-        bsz, heads, dh = q.shape
-        kbuf, vbuf, n = write_to_cache(cache, k, v)
-        keys = kbuf[:, :, :n].reshape(bsz * heads, n, dh)  # views: (B, H) merge without a copy
-        values = vbuf[:, :, :n].reshape(bsz * heads, n, dh)
-        scores = torch.bmm(q.reshape(bsz * heads, 1, dh), keys.transpose(1, 2))
-        probs = utils.softmax(scores, dim=-1).type_as(q)  # fairseq's float32 softmax
-        return torch.bmm(probs, values).view(bsz, heads * dh)
-
     def _ffn(self, layer, h: Tensor) -> Tensor:
         if type(layer.fc1) is nn.Linear and type(layer.fc2) is nn.Linear:  # fairseq's fc2(act(fc1(h)))
             return self._module(layer.fc2, layer.activation_fn(self._module(layer.fc1, h)))
@@ -334,22 +338,35 @@ class TransformerStepper(Stepper):
 
 
 class CANStepper(Stepper):
-    """Compressed Attention Network layers (--can-compress all, ReLU): per layer
-    x + CAN(LN(x)) (pre-norm) or LN(x + CAN(x)), CAN = Eq. 11 + 13 through ops.compressed_attention_decode.
-    The encoder keys/values (values in the FFN-hidden space) are stored per beam row, as the op reads them,
-    and re-indexed only when finished sentences leave the batch."""
+    """Compressed Attention Network layers: per layer x + CAN(LN(x)) (pre-norm) or LN(x + CAN(x)), CAN = Eq. 11
+    + 13 through ops.compressed_attention_decode; the ablations' uncompressed sub-layer (fairseq's
+    self-attention before it with --can-compress ffn, fairseq's FFN after it with --can-compress attention)
+    as the Transformer stepper runs it. The encoder keys/values (values in the FFN-hidden space, or the model
+    space without FFN) are stored per beam row, as the op reads them, and re-indexed only when finished
+    sentences leave the batch."""
 
     @classmethod
     def layer_reason(cls, i, layer):
         can = layer.can
-        if layer.mode != "all" or not (can.ffn and can.self_attention and can.encoder_attention):
-            return f"CAN decoder layer {i} compresses '{layer.mode}' only (the fast step serves --can-compress all)"
-        if can.activation_name != "relu":
+        if layer.mode not in ("all", "ffn", "attention"):
+            return f"CAN decoder layer {i} compresses '{layer.mode}'"
+        if can.ffn and can.activation_name != "relu":
             return f"CAN decoder layer {i} activation {can.activation_name} (the fused step is ReLU's)"
+        if layer.mode == "ffn":
+            return _attention_reason(layer.fairseq_layer.self_attn, i)
         return None
+
+    def __init__(self, model, beam_size, bf16=False):
+        super().__init__(model, beam_size, bf16)
+        parts = [(l.fairseq_layer.self_attn.q_proj, l.fairseq_layer.self_attn.k_proj, l.fairseq_layer.self_attn.v_proj)
+                 if l.mode == "ffn" else () for l in self.dec.layers]
+        self.qkv = [FusedLinearWeights(p) if p and _fusable(p) and len({m.weight.shape for m in p}) == 1 else None
+                    for p in parts]  # --can-compress ffn: fairseq's self-attention Q/K/V as one product
+        self.self_caches: List[Dict[str, Tensor]] = []  # per layer: that self-attention's cache
 
     def _start_layers(self, enc, pad):
         self.enc_kv = []  # per layer: (k (B, H, S, dh), v (B, H, S, dvh), bias (B, S) or None) per beam row
+        self.self_caches = [{} for _ in self.dec.layers]
         rows = torch.arange(enc.size(1), device=enc.device).repeat_interleave(self.rows)
         for layer in self.dec.layers:
             k, v, bias = layer.can._encoder_kv(enc, pad, {}, cache=False)  # per sentence
@@ -358,32 +375,68 @@ class CANStepper(Stepper):
 
     def _can(self, i: int, can, h: Tensor) -> Tensor:
         b, heads = h.size(0), can.num_heads
-        # the module's own decoding projection: q, k, v, X·W1 as one product (few-rows kernel at 3-16
-        # rows), one by one for int8-quantized layers; with --bf16 the kernel reads its bf16 copy
+        # the module's own decoding projection: q, k, v, X·W1 (those it has) as one product (few-rows kernel
+        # at 3-16 rows), one by one for int8-quantized layers; with --bf16 the kernel reads its bf16 copy
         mods = can._x_modules()
         if self.bf16 and self.kernel and all(type(m) is nn.Linear for m in mods):
-            q, k, v, xw1 = self._linear(h, *can._x_weights()).split([m.out_features for m in mods], dim=-1)
+            proj = list(self._linear(h, *can._x_weights()).split([m.out_features for m in mods], dim=-1))
         else:
-            q, k, v, xw1 = (p[0] for p in can._x_projections(h.unsqueeze(0)))
-        q = (q * can.scaling).view(b, heads, can.head_dim)
-        k_s, v_s, n = write_to_cache(self.caches[i], k.view(b, heads, can.head_dim),
-                                     v.view(b, heads, can.value_head_dim))
+            proj = [p[0] for p in can._x_projections(h.unsqueeze(0))]
+        q = (proj.pop(0) * can.scaling).view(b, heads, can.head_dim)
+        if can.self_attention:
+            k_s, v_s, n = write_to_cache(self.caches[i], proj.pop(0).view(b, heads, can.head_dim),
+                                         proj.pop(0).view(b, heads, can.value_head_dim))
+        else:  # --can-compress ffn: no decoder keys in this softmax
+            k_s, v_s, n = q.new_zeros(b, heads, 0, can.head_dim), q.new_zeros(b, heads, 0, can.value_head_dim), 0
         k_e, v_e, bias = self.enc_kv[i]
+        if not can.ffn:  # --can-compress attention: one softmax over both parts, then the output projection
+            return self._module(can.out_proj, _attend_two(q, k_e, v_e, bias, k_s[:, :, :n], v_s[:, :, :n]))
+        xw1 = proj.pop(0)
         if type(can.fc2) is nn.Linear:  # Eq. 11 + 13 in one call (the csrc kernel when built)
             w2 = self._bf16_copy(can.fc2.weight) if self.bf16 and self.kernel else can.fc2.weight
             return compressed_attention_decode(q, k_e, v_e, bias, k_s, v_s, n, xw1, w2, can.fc2.bias)
         hidden = compressed_attention_hidden_reference(q, k_e, v_e, bias, k_s, v_s, n, xw1)
         return can.fc2(hidden)  # an int8-quantized second FFN layer
 
+    @staticmethod
+    def _sublayer(x, norm, pre, fn):
+        return x + fn(norm(x)) if pre else norm(x + fn(x))
+
     def _layer(self, i, layer, x):
-        if layer.normalize_before:
-            return x + self._can(i, layer.can, layer.can_layer_norm(x))
-        return layer.can_layer_norm(x + self._can(i, layer.can, x))
+        pre, f = layer.normalize_before, layer.fairseq_layer
+        if layer.mode == "ffn":  # fairseq's self-attention sub-layer first
+            x = self._sublayer(x, f.self_attn_layer_norm, pre,
+                               lambda h: self._self_attention(f.self_attn, self.qkv[i], h, self.self_caches[i]))
+        x = self._sublayer(x, layer.can_layer_norm, pre, lambda h: self._can(i, layer.can, h))
+        if layer.mode == "attention":  # then fairseq's FFN sub-layer
+            x = self._sublayer(x, f.final_layer_norm, pre,
+                               lambda h: self._module(f.fc2, f.activation_fn(self._module(f.fc1, h))))
+        return x
+
+    def reorder(self, order):
+        for cache in self.self_caches:
+            if cache:  # only --can-compress ffn layers write one
+                reorder_written_cache(cache, order)
+        super().reorder(order)
 
     def _reorder_layers(self, order):
         if self.enc_kv and self.enc_kv[0][0].size(0) != order.numel():  # sentences left the batch
             self.enc_kv = [tuple(t.index_select(0, order) if t is not None else None for t in kv)
                            for kv in self.enc_kv]
+
+
+def _attend_two(q: Tensor, k_e: Tensor, v_e: Tensor, bias: Optional[Tensor], k_s: Tensor, v_s: Tensor) -> Tensor:
+    """One query per row (B, H, dh), scaled, over the encoder keys (B, H, S, dh) with their padding bias (B, S)
+    and the decoder's own n keys under ONE softmax (CAN's Eq. 11 without the FFN), values summed: (B, H·dv)."""
+    b, heads = q.shape[:2]
+    q4 = q.unsqueeze(2)  # (B, H, 1, dh): the products CompressedAttention.forward computes, in its shapes
+    s_e = torch.matmul(q4, k_e.transpose(2, 3))
+    if bias is not None:
+        s_e = s_e + bias.view(b, 1, 1, -1)
+    logits = torch.cat([s_e, torch.matmul(q4, k_s.transpose(2, 3))], dim=3)
+    p_e, p_s = utils.softmax(logits, dim=-1).type_as(logits).split([k_e.size(2), k_s.size(2)], dim=3)
+    ctx = torch.matmul(p_e, v_e) + torch.matmul(p_s, v_s)  # (B, H, 1, dv/h)
+    return ctx.reshape(b, -1)
 
 
 class SASStepper(Stepper):
