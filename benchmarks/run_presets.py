@@ -70,6 +70,13 @@ PRESETS = {
     "decode_fast_can": (decode_speed, "can_decoder",
                         ["can_decoder+fast", "can_decoder+int8", "transformer_balanced", "transformer_balanced+fast"],
                         ["--beam", "4"]),
+    # the CAN ablations (--can-compress ffn / attention) on fairseq's step and on the CAN stepper, beside CAN and
+    # its balanced baseline on the fast path
+    "decode_fast_can_ablations": (decode_speed, "can_ffn=can_decoder@--can-compress ffn",
+                                  ["can_ffn=can_decoder@--can-compress ffn+fast",
+                                   "can_attention=can_decoder@--can-compress attention",
+                                   "can_attention=can_decoder@--can-compress attention+fast", "can_decoder+fast",
+                                   "transformer_balanced+fast"], ["--beam", "4", "--repeats", "3"]),
     "decode_fast_sas": (decode_speed, "sas_block",
                         ["sas_block+fast", "sas_block+int8", "transformer", "transformer+fast"], []),
     # the fast path's sparse QKV step (Transformer stepper) on the Scaling Transformer at Big dims, next to
