@@ -111,31 +111,14 @@ def table(result):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data", help="binarized translation data (default: data/en-de-sample, binarized once)")
-    p.add_argument("--models", nargs="+", default=train_precision.MODELS[:1], metavar="NAME=ARCH@FLAGS")
-    p.add_argument("--baseline", help="with --candidates: the models are the baseline, then the candidates "
-                                      "(benchmarks/run_presets.py's interface)")
-    p.add_argument("--candidates", nargs="*", default=[])
-    p.add_argument("--batches", type=int, default=4)
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--tokens", type=int, default=4096)
-    p.add_argument("--threads", type=int, default=0)
-    p.add_argument("--quick", action="store_true", help="1 batch of 512 tokens, 1 round: a smoke run")
-    p.add_argument("--name", default="train_allocator")
-    p.add_argument("--out-dir", default=common.DOCS)
+    p = train_precision.parser(__doc__, train_precision.MODELS[:1], "train_allocator")
     p.add_argument("--child", metavar="SPEC", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
         print(json.dumps(child(args.child, args.data, args.batches, args.tokens, args.threads)))
         return None
-    if args.quick:
-        args.batches, args.repeats, args.tokens = 1, 1, 512
-    if args.baseline:
-        args.models = [args.baseline, *args.candidates]
-    threads = common.set_threads(args.threads)
-    result = run(args.models, args.data or train_precision.default_data(), args.batches, args.repeats, args.tokens,
-                 threads)
+    data, threads = train_precision.settle(args)
+    result = run(args.models, data, args.batches, args.repeats, args.tokens, threads)
     path = common.publish(args.name, result, table(result), args.out_dir)
     print(f"\nwrote {path} (+ .md)")
     return result

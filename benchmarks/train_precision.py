@@ -119,10 +119,11 @@ def table(result):
                                         rows)
 
 
-def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def parser(doc, models, name):
+    """The command line this benchmark and benchmarks/train_allocator.py share (models, data, batches, rounds)."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", help="binarized translation data (default: data/en-de-sample, binarized once)")
-    p.add_argument("--models", nargs="+", default=MODELS, metavar="NAME=ARCH@FLAGS")
+    p.add_argument("--models", nargs="+", default=models, metavar="NAME=ARCH@FLAGS")
     p.add_argument("--baseline", help="with --candidates: the models are the baseline, then the candidates "
                                       "(benchmarks/run_presets.py's interface)")
     p.add_argument("--candidates", nargs="*", default=[])
@@ -131,15 +132,25 @@ def main(argv=None):
     p.add_argument("--tokens", type=int, default=4096)
     p.add_argument("--threads", type=int, default=0)
     p.add_argument("--quick", action="store_true", help="1 batch of 512 tokens, 1 round: a smoke run")
-    p.add_argument("--name", default="train_precision")
+    p.add_argument("--name", default=name)
     p.add_argument("--out-dir", default=common.DOCS)
-    args = p.parse_args(argv)
+    return p
+
+
+def settle(args):
+    """--quick and --baseline/--candidates applied to the parsed arguments; the data (default_data unless
+    --data) and the thread count (set)."""
     if args.quick:
         args.batches, args.repeats, args.tokens = 1, 1, 512
     if args.baseline:
         args.models = [args.baseline, *args.candidates]
-    threads = common.set_threads(args.threads)
-    result = run(args.models, args.data or default_data(), args.batches, args.repeats, args.tokens, threads)
+    return args.data or default_data(), common.set_threads(args.threads)
+
+
+def main(argv=None):
+    args = parser(__doc__, MODELS, "train_precision").parse_args(argv)
+    data, threads = settle(args)
+    result = run(args.models, data, args.batches, args.repeats, args.tokens, threads)
     path = common.publish(args.name, result, table(result), args.out_dir)
     print(f"\nwrote {path} (+ .md)")
     return result

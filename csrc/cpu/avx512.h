@@ -3,13 +3,25 @@
 // avx512f+avx512bw+avx512vl whatever the build flags (target attribute); callers take these paths only where
 // avx512_training_available() says so (once per kernel call), else their portable loops (vec.h).
 #pragma once
+#include <cstdlib>
+#include <cstring>
+
+namespace fairseq_ext {
+namespace {
+// FAIRSEQ_EXT_CPU_ISA=portable (env) turns every AVX-512 intrinsics path of the CPU kernels off (these and
+// few_rows_linear's): the tests run the portable loops on a machine that has AVX-512. Read at each kernel call.
+inline bool cpu_isa_portable() {
+  const char* e = std::getenv("FAIRSEQ_EXT_CPU_ISA");
+  return e != nullptr && std::strcmp(e, "portable") == 0;
+}
+}  // namespace
+}  // namespace fairseq_ext
+
 #if defined(__x86_64__) && defined(__GNUC__)
 #define FAIRSEQ_EXT_HAS_AVX512_PATH 1
 #include <immintrin.h>
 
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 
 #include <c10/util/BFloat16.h>
 
@@ -17,13 +29,6 @@
 
 namespace fairseq_ext {
 namespace {
-
-// FAIRSEQ_EXT_CPU_ISA=portable (env) turns every AVX-512 intrinsics path of the CPU kernels off: the tests run the
-// portable loops on a machine that has AVX-512. Read at each kernel call (not per row).
-inline bool cpu_isa_portable() {
-  const char* e = std::getenv("FAIRSEQ_EXT_CPU_ISA");
-  return e != nullptr && std::strcmp(e, "portable") == 0;
-}
 
 inline bool avx512_training_available() {
   static const bool cpu = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
@@ -86,6 +91,13 @@ FAIRSEQ_EXT_AVX512 inline double lanes_sum(__m512 v) {
   return s;
 }
 
+}  // namespace
+}  // namespace fairseq_ext
+#endif
+#ifndef FAIRSEQ_EXT_HAS_AVX512_PATH
+namespace fairseq_ext {
+namespace {
+inline bool avx512_training_available() { return false; }  // no intrinsics path in this build
 }  // namespace
 }  // namespace fairseq_ext
 #endif

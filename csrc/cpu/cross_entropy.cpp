@@ -113,14 +113,6 @@ FAIRSEQ_EXT_AVX512 void row_grad_avx512(const T* x, T* g, int64_t v, float lse, 
 }
 #endif
 
-inline bool use_avx512() {
-#ifdef FAIRSEQ_EXT_HAS_AVX512_PATH
-  return avx512_training_available();
-#else
-  return false;
-#endif
-}
-
 // max, sum and sum of exp(x - max) of one row: AVX-512 where available for float32 / bfloat16
 template <typename T>
 void row_stats(const T* x, int64_t v, float* mx, double* sum, float* sexp, bool avx512) {
@@ -146,7 +138,7 @@ void row_grad_any(const T* x, T* g, int64_t v, float lse, float scale, float min
 template <typename T>
 void forward_rows(const T* x, const int64_t* t, float* out, int64_t n, int64_t v, double eps, int64_t ignore) {
   const double eps_i = eps / (v - 1), c_t = 1.0 - eps - eps_i;
-  const bool avx512 = use_avx512();
+  const bool avx512 = avx512_training_available();
   at::parallel_for(0, n, 16, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       float* o = out + 3 * i;
@@ -168,7 +160,7 @@ template <typename T>
 void backward_rows(const T* x, const int64_t* t, const float* lse, const float* scale, T* g, int64_t n, int64_t v,
                    double eps, int64_t ignore) {
   const double eps_i = eps / (v - 1), c_t = 1.0 - eps - eps_i;
-  const bool avx512 = use_avx512();
+  const bool avx512 = avx512_training_available();
   at::parallel_for(0, n, 16, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       T* gr = g + i * v;

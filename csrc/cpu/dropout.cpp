@@ -82,11 +82,7 @@ at::Tensor hashed_dropout_cpu(const at::Tensor& x, double p, int64_t seed) {
   const uint32_t threshold = dropout_threshold(p);
   const float scale = static_cast<float>(1.0 / (1.0 - p));
   const int64_t n = xc.numel();
-#ifdef FAIRSEQ_EXT_HAS_AVX512_PATH
   const bool avx512 = avx512_training_available();
-#else
-  const bool avx512 = false;
-#endif
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, xc.scalar_type(), "hashed_dropout_cpu", [&] {
     const scalar_t* xp = xc.data_ptr<scalar_t>();
     scalar_t* yp = y.data_ptr<scalar_t>();

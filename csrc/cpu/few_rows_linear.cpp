@@ -14,11 +14,10 @@
 #include <type_traits>
 #if defined(__x86_64__)
 #include <immintrin.h>
-#include <cstdlib>
-#include <cstring>
 #endif
 
 #include "few_rows_linear.h"
+#include "cpu/avx512.h"  // cpu_isa_portable
 #include "cpu/vec.h"  // load_f: bf16 -> float32 (a shift the compiler vectorises)
 
 namespace fairseq_ext {
@@ -94,10 +93,9 @@ __attribute__((target("avx512f"))) void dot_rows_avx512(const float* x, int64_t 
     }
 }
 
-bool avx512_available() {  // FAIRSEQ_EXT_CPU_ISA=portable (env) turns it off, as in avx512.h
+bool avx512_available() {  // FAIRSEQ_EXT_CPU_ISA=portable (env) turns it off (cpu/avx512.h)
   static const bool ok = __builtin_cpu_supports("avx512f");
-  const char* e = std::getenv("FAIRSEQ_EXT_CPU_ISA");
-  return ok && !(e != nullptr && std::strcmp(e, "portable") == 0);
+  return ok && !cpu_isa_portable();
 }
 #endif
 

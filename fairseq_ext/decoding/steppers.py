@@ -49,6 +49,14 @@ def _fusable(modules) -> bool:
     return all(type(m) is nn.Linear for m in modules) and len({m.bias is None for m in modules}) == 1
 
 
+def _fused_qkv(att) -> Optional[FusedLinearWeights]:
+    """The Q, K and V projections of a fairseq MultiheadAttention as one product, when they can run as one."""
+    if type(att) is not MultiheadAttention:
+        return None
+    parts = (att.q_proj, att.k_proj, att.v_proj)
+    return FusedLinearWeights(parts) if _fusable(parts) and len({m.weight.shape for m in parts}) == 1 else None
+
+
 def _attention_reason(att, i) -> Optional[str]:
     """None when the steppers can run this fairseq MultiheadAttention, else why not."""
     if type(att) is not MultiheadAttention or att.bias_k is not None or att.add_zero_attn:
@@ -167,6 +175,11 @@ class Stepper:
         probs = utils.softmax(scores, dim=-1).type_as(q)  # fairseq's float32 softmax
         return torch.bmm(probs, values).view(bsz, heads * dh)
 
+    def _ffn(self, layer, h: Tensor) -> Tensor:
+        if type(layer.fc1) is nn.Linear and type(layer.fc2) is nn.Linear:  # fairseq's fc2(act(fc1(h)))
+            return self._module(layer.fc2, layer.activation_fn(self._module(layer.fc1, h)))
+        return layer.fc2(layer.activation_fn(layer.fc1(h)))  # other FFN modules (sparse FFN) as they are
+
     @torch.no_grad()
     def step(self, tokens: Tensor) -> Tensor:
         """tokens (B, t+1): the logits (B, 1, V) of the next token."""
@@ -196,8 +209,7 @@ class Stepper:
     # ---- beam reordering ----
     def reorder(self, order: Tensor):
         for cache in self.caches:
-            if cache:  # (a layer without decoder keys of its own writes none)
-                reorder_written_cache(cache, order)
+            reorder_written_cache(cache, order)
         for cross in self.cross:  # per sentence: re-indexed only when sentences leave the batch
             if cross is None:
                 continue
@@ -249,10 +261,8 @@ class TransformerStepper(Stepper):
 
     def __init__(self, model, beam_size, bf16=False):
         super().__init__(model, beam_size, bf16)
-        parts = [(l.self_attn.q_proj, l.self_attn.k_proj, l.self_attn.v_proj)
-                 if type(l.self_attn) is MultiheadAttention else () for l in self.dec.layers]
-        self.qkv = [FusedLinearWeights(p) if p and _fusable(p) and len({m.weight.shape for m in p}) == 1 else None
-                    for p in parts]  # per layer: fused Q/K/V weights (rebuilt by get() when a weight changes)
+        # per layer: fused Q/K/V weights (rebuilt by get() when a weight changes)
+        self.qkv = [_fused_qkv(l.self_attn) for l in self.dec.layers]
         # sparse QKV layers: per layer, the last F-1 multiplicative outputs of the self-attention and of
         # the cross-attention's query path (the causal convolutions' state), and the self-attention's
         # Q/K/V convolutions stacked into one
@@ -305,11 +315,6 @@ class TransformerStepper(Stepper):
             for name, t in state.items():
                 state[name] = t.index_select(1, order)
 
-    def _ffn(self, layer, h: Tensor) -> Tensor:
-        if type(layer.fc1) is nn.Linear and type(layer.fc2) is nn.Linear:  # fairseq's fc2(act(fc1(h)))
-            return self._module(layer.fc2, layer.activation_fn(self._module(layer.fc1, h)))
-        return layer.fc2(layer.activation_fn(layer.fc1(h)))  # other FFN modules (sparse FFN) as they are
-
     def _layer(self, i, layer, x):
         pre = layer.normalize_before
         residual = x
@@ -358,15 +363,12 @@ class CANStepper(Stepper):
 
     def __init__(self, model, beam_size, bf16=False):
         super().__init__(model, beam_size, bf16)
-        parts = [(l.fairseq_layer.self_attn.q_proj, l.fairseq_layer.self_attn.k_proj, l.fairseq_layer.self_attn.v_proj)
-                 if l.mode == "ffn" else () for l in self.dec.layers]
-        self.qkv = [FusedLinearWeights(p) if p and _fusable(p) and len({m.weight.shape for m in p}) == 1 else None
-                    for p in parts]  # --can-compress ffn: fairseq's self-attention Q/K/V as one product
-        self.self_caches: List[Dict[str, Tensor]] = []  # per layer: that self-attention's cache
+        # --can-compress ffn: fairseq's self-attention Q/K/V as one product; its cache is the layer's entry of
+        # self.caches (the CAN sub-layer of these layers has no decoder keys of its own)
+        self.qkv = [_fused_qkv(l.fairseq_layer.self_attn) if l.mode == "ffn" else None for l in self.dec.layers]
 
     def _start_layers(self, enc, pad):
         self.enc_kv = []  # per layer: (k (B, H, S, dh), v (B, H, S, dvh), bias (B, S) or None) per beam row
-        self.self_caches = [{} for _ in self.dec.layers]
         rows = torch.arange(enc.size(1), device=enc.device).repeat_interleave(self.rows)
         for layer in self.dec.layers:
             k, v, bias = layer.can._encoder_kv(enc, pad, {}, cache=False)  # per sentence
@@ -406,18 +408,11 @@ class CANStepper(Stepper):
         pre, f = layer.normalize_before, layer.fairseq_layer
         if layer.mode == "ffn":  # fairseq's self-attention sub-layer first
             x = self._sublayer(x, f.self_attn_layer_norm, pre,
-                               lambda h: self._self_attention(f.self_attn, self.qkv[i], h, self.self_caches[i]))
+                               lambda h: self._self_attention(f.self_attn, self.qkv[i], h, self.caches[i]))
         x = self._sublayer(x, layer.can_layer_norm, pre, lambda h: self._can(i, layer.can, h))
         if layer.mode == "attention":  # then fairseq's FFN sub-layer
-            x = self._sublayer(x, f.final_layer_norm, pre,
-                               lambda h: self._module(f.fc2, f.activation_fn(self._module(f.fc1, h))))
+            x = self._sublayer(x, f.final_layer_norm, pre, lambda h: self._ffn(f, h))
         return x
-
-    def reorder(self, order):
-        for cache in self.self_caches:
-            if cache:  # only --can-compress ffn layers write one
-                reorder_written_cache(cache, order)
-        super().reorder(order)
 
     def _reorder_layers(self, order):
         if self.enc_kv and self.enc_kv[0][0].size(0) != order.numel():  # sentences left the batch
