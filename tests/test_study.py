@@ -62,8 +62,11 @@ def test_study_runs_resumes_and_tabulates(tiny_data, tmp_path):
         assert r["valid_curve"][-1][0] == r["updates"]
         assert (out / "results" / f"{name}.json").read_text() == (results / "runs" / f"{name}.json").read_text()
 
-    # sitting 3: nothing left
+    # sitting 3: nothing left, also for a fresh OUT (another clone or machine) that has only the published
+    # run files: they count as finished runs
     assert "nothing left to run" in run(_study(out, corpus, results), OMP_NUM_THREADS="1").stdout
+    fresh = run(_study(tmp_path / "fresh", corpus, results), OMP_NUM_THREADS="1").stdout
+    assert "nothing left to run" in fresh and not (tmp_path / "fresh" / "runs").exists(), fresh[-2000:]
 
     # the table, from the run files
     run([sys.executable, "-m", "fairseq_ext.tools.study", "table", "--results", str(results)])

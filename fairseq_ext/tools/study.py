@@ -232,10 +232,13 @@ class Study:
 
     # -- the plan: which runs, in which order (the sweep decides the learning rate of the rest)
     def result(self, name):
-        path = os.path.join(self.results, name + ".json")
-        if os.path.exists(path):
-            with open(path) as f:
-                return json.load(f)
+        """Run `name`'s result: OUT/results, else the published run files (docs/results/runs for the paper
+        protocol), so a study carried onto a fresh clone or another machine skips the runs already committed."""
+        for folder in [self.results] + ([self.publish] if self.publish else []):
+            path = os.path.join(folder, name + ".json")
+            if os.path.exists(path):
+                with open(path) as f:
+                    return json.load(f)
         return None
 
     def best_lr(self, config):
