@@ -72,8 +72,9 @@ def run(models, data, batches, repeats, tokens, threads):
     from fairseq_ext.tools.precision import choose
 
     result["precision_choice"] = choose()
-    result["machine"]["bf16_flags"] = sorted(__import__("fairseq_ext.tools.precision", fromlist=["cpu_flags"]).cpu_flags()
-                                             & {"avx512_bf16", "amx_bf16"})
+    cpu_flags = __import__("fairseq_ext.tools.precision", fromlist=["cpu_flags"]).cpu_flags()
+    result["machine"]["bf16_flags"] = sorted(cpu_flags & {"avx512_bf16", "amx_bf16"})
+    result["machine"]["isa_flags"] = sorted(cpu_flags & {"avx512_bf16", "amx_bf16", "avx512f", "avx2"})
     for spec in models:
         name, model_spec = common.split_label(spec)
         arch, flags = common.split_spec(model_spec)
@@ -105,9 +106,8 @@ def run(models, data, batches, repeats, tokens, threads):
 
 def table(result):
     s, m = result["settings"], result["machine"]
-    from fairseq_ext.tools.precision import cpu_flags
-
-    flags = "+".join(sorted(cpu_flags() & {"avx512_bf16", "amx_bf16", "avx512f", "avx2"})) or "no AVX flags"
+    # the measuring machine's flags, as recorded (the table may be rendered elsewhere)
+    flags = "+".join(sorted(set(m.get("isa_flags", m.get("bf16_flags", []))))) or "no AVX flags"
     rows = [[name, f"{r['params'] / 1e6:.2f}M", f"{r['fp32_tokens_per_s']:,.0f}", f"{r['bf16_tokens_per_s']:,.0f}",
              f"{r['ratio']['median']:.2f} ({r['ratio']['min']:.2f}–{r['ratio']['max']:.2f})"]
             for name, r in result["models"].items()]

@@ -76,7 +76,7 @@ PROTOCOLS = {
 class Config:
     name: str
     paper: str  # baseline | one_wide_ffn | can | scaling_sparse | sas
-    role: str  # baseline | main | ablation
+    role: str  # baseline | main | ablation | diagnosis (a test of a contradiction's likeliest cause)
     what: str
     flags: list  # model flags beyond the protocol's dims (FFN widths included)
 
@@ -85,7 +85,8 @@ def configs(p):
     """The study's configurations at protocol p's dims (docs/results/README.md: why each one)."""
     ffn = lambda w: ["--encoder-ffn-embed-dim", str(w), "--decoder-ffn-embed-dim", str(w)]
     f = p.ffn
-    layers = int(p.dims[p.dims.index("--encoder-layers") + 1]) + int(p.dims[p.dims.index("--decoder-layers") + 1])
+    enc_layers = int(p.dims[p.dims.index("--encoder-layers") + 1])
+    layers = enc_layers + int(p.dims[p.dims.index("--decoder-layers") + 1])
     owf = ["--arch", "one_wide_ffn", *ffn(f), "--encoder-ffn-sharing", "shared", "--decoder-ffn-sharing", "none"]
     qkv_ffn = {512: 704, 64: 128}.get(f, f)  # d_ff that brings sparse FFN + QKV to the baseline's parameters
     # the scaling_sparse archs start from Transformer Big's defaults (attention dropout 0.1): pinned to the
@@ -97,6 +98,13 @@ def configs(p):
                f"SharedEncNoDec widened to d_ff' = {layers} x {f}", owf + ["--encoder-shared-ffn-dim", str(layers * f)]),
         Config("shared_enc_no_dec", "one_wide_ffn", "ablation", f"SharedEncNoDec at d_ff' = {f}",
                owf + ["--encoder-shared-ffn-dim", str(f)]),
+        # the One Wide FFN diagnosis (docs/one_wide_ffn/README.md): the shared FFN acts in every encoder layer,
+        # so each Adam step moves its output about `layers-enc` times as far as a layer's own FFN; its own rate
+        # at 1 / (encoder layers) of the schedule's tests whether the widened model is simply trained too hot
+        Config("one_wide_ffn_shared_lr", "one_wide_ffn", "diagnosis",
+               f"One Wide FFN, the shared FFN's learning rate x 1/{enc_layers}",
+               owf + ["--encoder-shared-ffn-dim", str(layers * f), "--shared-ffn-lr-scale", f"{1 / enc_layers:g}",
+                      "--optimizer", "adam_no_decay_gains"]),
         Config("can", "can", "main", f"CAN decoder (self + cross attention + FFN in one sub-layer), d_v {f}",
                ["--arch", "can_decoder", *ffn(f), "--can-value-dim", str(f)]),
         Config("can_attention", "can", "ablation", "CAN, attention compressed only",
@@ -269,6 +277,7 @@ class Study:
                      for other in p.lrs]
             return runs
         runs += [(c, lr, 1, "seed 1") for c in key]
+        runs += [(c.name, lr, 1, "diagnosis") for c in self.configs.values() if c.role == "diagnosis"]
         runs += [(c.name, lr, 1, "seed 1") for c in mains if c.name not in key]
         runs += [(c.name, lr, 1, "ablation") for c in ablations if c.name not in key]
         for seed in range(2, p.seeds + 1):

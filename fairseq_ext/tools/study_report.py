@@ -30,6 +30,9 @@ CLAIMS = [
     ("sas", "Simplified Transformer blocks (He & Hofmann 2024)",
      "SAS / SAS-P blocks match the Pre-LN block's loss per update with fewer parameters", "valid_loss"),
 ]
+# the table's row order: each paper's main configuration, then its ablations and diagnoses
+ORDER = ["baseline", "one_wide_ffn", "shared_enc_no_dec", "one_wide_ffn_shared_lr", "can", "can_attention", "can_ffn",
+         "sparse_ffn", "sparse_ffn_qkv", "sparse_ffn_qkv_all", "sparse_ffn_128", "sas", "sas_sequential", "sas_nonorm"]
 MARGIN = {"bleu": 0.5, "valid_loss": 0.01}  # absolute BLEU; relative validation loss
 LOWER_IS_BETTER = {"bleu": False, "chrf": False, "valid_loss": True}
 T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
@@ -102,8 +105,20 @@ def verdict(diff, name):
     return "inconclusive at this scale"
 
 
-def report(runs):
-    """(markdown, summary dict)."""
+def load_train_speed(results):
+    """The training-speed benchmark of the study's configurations (benchmarks/run_presets.py, preset
+    train_study: every configuration in one process on one machine), beside docs/results in docs/benchmarks;
+    None when it is absent."""
+    path = os.path.join(os.path.dirname(os.path.abspath(results)), "benchmarks", "train_study.json")
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
+def report(runs, train_speed=None):
+    """(markdown, summary dict). train_speed: load_train_speed's benchmark, the source of the training-speed
+    column (the runs' own logs are measured on whichever machine and code each run trained with)."""
     if not runs:
         return "No run has finished yet.", {"runs": 0}
     lr = main_lr(runs)
@@ -130,33 +145,54 @@ def report(runs):
     for r in at_lr:
         groups.setdefault(r["config"], []).append(r)
     base = groups.get("baseline", [])
+    bench = (train_speed or {}).get("models", {})
+    if bench:
+        m = train_speed["machine"]
+        speed_note = (f"Training tokens/s: {train_speed['settings']['threads']} thread, bf16 autocast, every "
+                      f"configuration measured in one run of `python benchmarks/run_presets.py --only train_study` "
+                      f"({m['processor']}; `docs/benchmarks/train_study.md`), × the baseline there. ")
+    else:
+        speed_note = "Training tokens/s: median of each run's log, × the baseline's. "
     lines += [f"### Every configuration at the baseline's learning rate ({lr})", "",
               "Mean ± standard deviation over seeds; Δ: paired difference to the baseline (same seed), "
               "* where a paired t-test over the seeds gives p < 0.05. Valid loss: the averaged checkpoints, "
-              "bits per token (label-smoothed). Speeds: ratio to the baseline's mean in this study.", "",
-              "| configuration | parameters | seeds | epochs | valid loss | BLEU | Δ BLEU | chrF | training tokens/s "
+              "bits per token (label-smoothed). " + speed_note + "Decoding sentences/s: each run's test-set "
+              "translation (mean over seeds), × the baseline's runs on the same CPU model (- where none ran there).",
+              "", "| configuration | parameters | seeds | epochs | valid loss | BLEU | Δ BLEU | chrF | training tokens/s "
               "| decoding sentences/s | converged |",
               "|---|---|---|---|---|---|---|---|---|---|---|"]
-    base_tps = statistics.mean([r["train_tokens_per_s"] for r in base if r.get("train_tokens_per_s")] or [0]) or None
-    base_dps = statistics.mean([r["decode_sentences_per_s"] for r in base if r.get("decode_sentences_per_s")] or [0]) or None
-    order = [c for c in ["baseline", "one_wide_ffn", "shared_enc_no_dec", "can", "can_attention", "can_ffn",
-                         "sparse_ffn", "sparse_ffn_qkv", "sparse_ffn_qkv_all", "sparse_ffn_128", "sas", "sas_sequential", "sas_nonorm"]
-             if c in groups] + sorted(c for c in groups if c not in (
-                 "baseline", "one_wide_ffn", "shared_enc_no_dec", "can", "can_attention", "can_ffn", "sparse_ffn",
-                 "sparse_ffn_qkv", "sparse_ffn_qkv_all", "sparse_ffn_128", "sas", "sas_sequential", "sas_nonorm"))
+
+    def train_tps(config, rs):
+        if bench:
+            return bench[config]["bf16_tokens_per_s"] if config in bench else None
+        return statistics.mean([r["train_tokens_per_s"] for r in rs if r.get("train_tokens_per_s")] or [0]) or None
+
+    def decode_ratio(rs):
+        """mean sentences/s of rs over the baseline's mean on the same CPU model(s), None without a baseline there"""
+        ratios = []
+        for r in rs:
+            same = [b["decode_sentences_per_s"] for b in base if b.get("cpu") == r.get("cpu")
+                    and b.get("decode_sentences_per_s")]
+            if r.get("decode_sentences_per_s") and same:
+                ratios.append(r["decode_sentences_per_s"] / statistics.mean(same))
+        return statistics.mean(ratios) if ratios else None
+
+    base_tps = train_tps("baseline", base)
+    order = [c for c in ORDER if c in groups] + sorted(c for c in groups if c not in ORDER)
     for config in order:
         rs = sorted(groups[config], key=lambda r: r["seed"])
         vl, bl, cf = (mean_sd([metric(r, k) for r in rs]) for k in ("valid_loss", "bleu", "chrf"))
-        tps = statistics.mean([r["train_tokens_per_s"] for r in rs if r.get("train_tokens_per_s")] or [0])
+        tps = train_tps(config, rs)
         dps = statistics.mean([r["decode_sentences_per_s"] for r in rs if r.get("decode_sentences_per_s")] or [0])
+        dratio = decode_ratio(rs) if config != "baseline" else None
         d = paired(rs, base, "bleu") if config != "baseline" else None
         dtxt = "-" if d is None else (f"{d[0]:+.2f}" + (f" ± {d[1]:.2f}" if d[1] is not None else "") + (" *" if d[3] else ""))
         conv = sum(r["converged"] for r in rs)
         lines.append(
             f"| {config} | {rs[0]['parameters'] / 1e6:.2f}M | {len(rs)} | {statistics.mean(r['epochs'] for r in rs):.1f} "
             f"| {fmt(*vl, 3)} | {fmt(*bl)} | {dtxt} | {fmt(*cf)} | "
-            f"{tps:,.0f}" + (f" ({tps / base_tps:.2f}×)" if base_tps and config != "baseline" else "") + " | "
-            f"{dps:.1f}" + (f" ({dps / base_dps:.2f}×)" if base_dps and config != "baseline" else "") + f" | {conv}/{len(rs)} |")
+            + ("-" if tps is None else f"{tps:,.0f}" + (f" ({tps / base_tps:.2f}×)" if base_tps and config != "baseline" else ""))
+            + f" | {dps:.1f}" + (f" ({dratio:.2f}×)" if dratio else "") + f" | {conv}/{len(rs)} |")
         summary["configs"][config] = {"seeds": [r["seed"] for r in rs], "valid_loss": vl, "bleu": bl, "chrf": cf,
                                       "delta_bleu": d, "train_tokens_per_s": tps, "decode_sentences_per_s": dps}
     lines += ["", "### The papers' claims at this scale", "",
@@ -188,6 +224,9 @@ def report(runs):
 
 
 def curves(runs, lr, path):
+    import logging
+
+    logging.getLogger("matplotlib").setLevel(logging.WARNING)  # its import and font search log at DEBUG otherwise
     import matplotlib
 
     matplotlib.use("Agg")
@@ -227,7 +266,7 @@ def _replace_between(text, body):
 def write_report(results, check=False):
     """Regenerate the study's docs; returns the files that changed (with check=True: would change)."""
     runs = load_runs(results)
-    body, summary = report(runs)
+    body, summary = report(runs, load_train_speed(results))
     changed = []
     targets = [os.path.join(results, "README.md")]
     readme = os.path.join(REPO, "README.md")
