@@ -89,9 +89,9 @@ def test_other_archs_take_the_generic_mode_with_fairseqs_hypotheses(arch, beam, 
 @pytest.mark.parametrize("arch", ["transformer_tiny", "can_decoder_tiny", "can_decoder_attention_tiny",
                                   "can_decoder_ffn_tiny", "sas_block_tiny"])
 def test_int8_quantizes_the_decoder_and_decodes_as_fairseq_on_the_quantized_model(arch, tiny_data):
-    """--int8: the decoder's Linear layers become dynamically quantized int8 layers (the encoder stays
-    fp32) and the fast step gives the hypotheses fairseq's own step gives on the same quantized model."""
-    from torch.ao.nn.quantized.dynamic import Linear as QLinear
+    """--int8: the decoder's Linear layers become Int8Linear layers (the encoder stays fp32) and the fast step
+    gives the hypotheses fairseq's own step gives on the same quantized model."""
+    from fairseq_ext.ops.int8_linear import Int8Linear as QLinear
 
     task, model = _sharpened(tiny_data, arch)
     _compare(model, task, fixed_batch(task, n=3), tol=1e-4, int8=True, beam_size=3, max_len_b=8)

@@ -32,8 +32,9 @@ def test_extension_is_built_and_has_the_ops(device):
     assert hasattr(torch.ops.fairseq_ext, "sparse_ffn_decode")
     assert ops.has_kernel("sparse_ffn_decode", device), f"no {device} kernel in this build: {ops.build_info()}"
     assert ops.has_kernel("compressed_attention_decode", device), ops.build_info()
-    if device == "cpu":  # few_rows_linear is CPU only (cuBLAS serves few-row products on a GPU)
+    if device == "cpu":  # few_rows_linear and int8_linear are CPU only (cuBLAS serves few-row products on a GPU)
         assert ops.has_kernel("few_rows_linear", device), ops.build_info()
+        assert ops.has_kernel("int8_linear", device), ops.build_info()
 
 
 def _weights(d, d_ff, block, lowrank, dtype, seed, device="cpu"):
@@ -181,6 +182,92 @@ def test_few_rows_linear_opcheck():
     torch.library.opcheck(torch.ops.fairseq_ext.few_rows_linear.default, (torch.randn(3, 17), torch.randn(9, 17), None))
     torch.library.opcheck(torch.ops.fairseq_ext.few_rows_linear.default,
                           (torch.randn(4, 33), torch.randn(9, 33).bfloat16(), torch.randn(9)))
+
+
+# int8_linear: the few-rows shapes plus a row count past two passes, K % 4 and N % 16 tails, and a Big-sized layer
+INT8_SHAPES = FEW_ROWS_SHAPES + [(25, 67, 17), (5, 1024, 1027), (1, 4, 16)]
+
+
+def _int8_operands(rows, k, n, seed):
+    from fairseq_ext.ops.int8_linear import pack_weight, quantize_weight
+
+    g = torch.Generator().manual_seed(seed)
+    x, w, b = torch.randn(rows, k, generator=g), torch.randn(n, k, generator=g), torch.randn(n, generator=g)
+    wq, scale, wsum = quantize_weight(w)
+    return x, w, pack_weight(wq), scale, wsum, b
+
+
+@pytest.mark.parametrize("rows,k,n", INT8_SHAPES)
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("isa", ISAS)
+def test_int8_linear_equals_reference_bit_for_bit(rows, k, n, bias, isa, monkeypatch):
+    """The integer sums are exact, so the kernel (VNNI or portable) equals the reference exactly, whatever the
+    thread count; and the result is close to the float product (int8 rounding of both operands)."""
+    from fairseq_ext.ops.int8_linear import int8_linear_reference
+
+    _set_isa(isa, monkeypatch)
+    x, w, wp, scale, wsum, b = _int8_operands(rows, k, n, rows * 1000 + k + n)
+    b = b if bias else None
+    out = torch.ops.fairseq_ext.int8_linear(x, wp, scale, wsum, b)
+    assert torch.equal(out, int8_linear_reference(x, wp, scale, wsum, b))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        assert torch.equal(out, torch.ops.fairseq_ext.int8_linear(x, wp, scale, wsum, b))
+    finally:
+        torch.set_num_threads(threads)
+    ref = torch.nn.functional.linear(x, w, b)  # 8-bit rounding of x and W: about 1% of the scale of a sum
+    err = (out - ref).abs().max() / (x.abs().amax() * w.abs().amax() * k ** 0.5)
+    assert err < 0.02, err
+
+
+def test_int8_linear_special_rows_packing_and_entry_point(monkeypatch):
+    """A row of zeros gives the bias, a row with a NaN or infinity NaN (kernel and reference alike); the packing
+    round-trips; the entry point keeps leading dims and falls back to the reference without kernels."""
+    from fairseq_ext.ops import int8_linear as i8
+
+    x, w, wp, scale, wsum, b = _int8_operands(6, 37, 21, 7)
+    x[1] = 0
+    x[2, 5], x[3, 0] = float("nan"), float("inf")
+    for isa in ISAS:
+        _set_isa(isa, monkeypatch)
+        out = torch.ops.fairseq_ext.int8_linear(x, wp, scale, wsum, b)
+        assert torch.equal(out[1], b) and out[2].isnan().all() and out[3].isnan().all()
+        torch.testing.assert_close(out, i8.int8_linear_reference(x, wp, scale, wsum, b), rtol=0, atol=0,
+                                   equal_nan=True)
+    wq = i8.quantize_weight(w)[0]
+    assert torch.equal(i8.unpack_weight(wp, 21, 37), wq) and wp.shape == (2, 10, 16, 4)
+    assert wq.abs().max() == 127 and torch.equal(wsum, wq.sum(1, dtype=torch.int32))
+    lin = torch.nn.Linear(37, 21)
+    m = i8.Int8Linear.from_linear(lin)
+    xs = torch.randn(2, 3, 37)
+    with torch.no_grad():
+        y = m(xs)
+        assert y.shape == (2, 3, 21)
+        monkeypatch.setenv("FAIRSEQ_EXT_NO_KERNELS", "1")
+        assert torch.equal(m(xs), y)  # the reference: the same bits
+        torch.testing.assert_close(y, lin(xs), rtol=0.05, atol=0.05)
+
+
+def test_int8_linear_clear_errors():
+    x, w, wp, scale, wsum, b = _int8_operands(3, 8, 5, 1)
+    with pytest.raises(RuntimeError, match="weight must be packed in tiles, \\(1, 2, 16, 4\\)"):
+        torch.ops.fairseq_ext.int8_linear(x, wp.view(-1)[:5 * 8].view(5, 8), scale, wsum, b)
+    with pytest.raises(RuntimeError, match="weight must be int8"):
+        torch.ops.fairseq_ext.int8_linear(x, wp.float(), scale, wsum, b)
+    with pytest.raises(RuntimeError, match="x must be float32"):
+        torch.ops.fairseq_ext.int8_linear(x.double(), wp, scale, wsum, b)
+    with pytest.raises(RuntimeError, match="weight_sum must be int32"):
+        torch.ops.fairseq_ext.int8_linear(x, wp, scale, wsum.long(), b)
+    with pytest.raises(RuntimeError, match="bias must be float32 \\(5\\)"):
+        torch.ops.fairseq_ext.int8_linear(x, wp, scale, wsum, torch.randn(4))
+
+
+def test_int8_linear_opcheck():
+    for rows, k, n in [(5, 24, 7), (3, 17, 33)]:
+        x, _, wp, scale, wsum, b = _int8_operands(rows, k, n, 3)
+        torch.library.opcheck(torch.ops.fairseq_ext.int8_linear.default, (x, wp, scale, wsum, b))
+        torch.library.opcheck(torch.ops.fairseq_ext.int8_linear.default, (x, wp, scale, wsum, None))
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -3,8 +3,8 @@
     fairseq-ext-generate DATA --user-dir fairseq_ext --path ckpt.pt --beam 5 ... [--int8 | --bf16]
     python -m fairseq_ext.decoding.generate DATA ...       (the same)
 
---int8 (ours, taken out before fairseq parses the rest): dynamic int8 quantization of the decoder's
-Linear layers (fast path only).
+--int8 (ours, taken out before fairseq parses the rest): the decoder's Linear layers in int8 (per-row weight
+scales, activations quantized per row at each call, exact int32 sums: fairseq_ext/ops/int8_linear.py).
 --bf16 on a CPU (ours there; on a GPU it is fairseq's): the weights rounded to bfloat16, the decoder's
 products reading them as bfloat16 (half of float32's bytes) with float32 activations and sums; the
 hypotheses are fairseq-generate's on the rounded model. fairseq's own --bf16 would run every op in
@@ -35,7 +35,7 @@ def _take(flag, attr, what, exclusive):
 def main():
     if "-h" in sys.argv or "--help" in sys.argv:
         print("fairseq-ext-generate: fairseq-generate's flags (below), plus\n"
-              "  --int8    int8 decoder (dynamic quantization of its Linear layers; fast path, fp32 models only)\n"
+              "  --int8    int8 decoder (its Linear layers in int8, activations quantized per row; fp32 models only)\n"
               "  --bf16    on a CPU: weights rounded to bf16 and read as bf16, float32 arithmetic (fast path)\n")
     on_cpu = "--cpu" in sys.argv or not torch.cuda.is_available()
     if "--bf16" in sys.argv and on_cpu:

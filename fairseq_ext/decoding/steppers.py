@@ -125,7 +125,7 @@ class Stepper:
         return entry[2]
 
     def _module(self, module: nn.Module, x: Tensor) -> Tensor:
-        """A Linear layer through _linear; any other module (an int8 dynamically quantized Linear) as is."""
+        """A Linear layer through _linear; any other module (an --int8 Int8Linear) as is."""
         if type(module) is nn.Linear:
             return self._linear(x, module.weight, module.bias)
         return module(x)
