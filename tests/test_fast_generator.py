@@ -94,7 +94,12 @@ def test_int8_quantizes_the_decoder_and_decodes_as_fairseq_on_the_quantized_mode
     from fairseq_ext.ops.int8_linear import Int8Linear as QLinear
 
     task, model = _sharpened(tiny_data, arch)
-    _compare(model, task, fixed_batch(task, n=3), tol=1e-4, int8=True, beam_size=3, max_len_b=8)
+    gen = _compare(model, task, fixed_batch(task, n=3), tol=1e-4, int8=True, beam_size=3, max_len_b=8)
+    stepper = gen.model.stepper  # the products reading one input run as one concatenated int8 layer
+    if arch == "transformer_tiny":
+        assert all(isinstance(f, QLinear) for f in stepper.qkv)
+    if arch == "can_decoder_tiny":
+        assert all(isinstance(f, QLinear) for f in stepper.x_int8)
     assert isinstance(model.decoder.output_projection, QLinear)
     assert sum(isinstance(m, QLinear) for m in model.decoder.layers.modules()) >= 4 * len(model.decoder.layers)
     assert not any(isinstance(m, QLinear) for m in model.encoder.modules())  # the encoder stays fp32

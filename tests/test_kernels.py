@@ -247,6 +247,10 @@ def test_int8_linear_special_rows_packing_and_entry_point(monkeypatch):
         monkeypatch.setenv("FAIRSEQ_EXT_NO_KERNELS", "1")
         assert torch.equal(m(xs), y)  # the reference: the same bits
         torch.testing.assert_close(y, lin(xs), rtol=0.05, atol=0.05)
+        monkeypatch.delenv("FAIRSEQ_EXT_NO_KERNELS")
+        parts = [m, i8.Int8Linear.from_linear(torch.nn.Linear(37, 19, bias=False)), m]  # as a fused Q/K/V
+        both = i8.Int8Linear.concat(parts)  # the separate calls' values in one pass
+        assert torch.equal(both(xs), torch.cat([p(xs) for p in parts], dim=-1))
 
 
 def test_int8_linear_clear_errors():

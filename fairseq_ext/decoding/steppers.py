@@ -41,20 +41,32 @@ from ..modules.kv_cache import reorder_written_cache, write_to_cache
 from ..modules.multiplicative import SparseQKVAttention, conv_last_step, conv_patch_matrix
 from ..ops.compressed_attention import compressed_attention_decode, compressed_attention_hidden_reference
 from ..ops.few_rows_linear import kernel_applies as few_rows_linear_applies
+from ..ops.int8_linear import Int8Linear
 
 
 def _fusable(modules) -> bool:
-    """Whether Linear layers reading the same input can run as one product (plain Linear layers with
-    biases alike; int8-quantized layers run one by one)."""
-    return all(type(m) is nn.Linear for m in modules) and len({m.bias is None for m in modules}) == 1
+    """Whether Linear layers reading the same input can run as one product: plain Linear layers with biases
+    alike, or --int8's Int8Linear layers (a missing bias becomes zeros), all of one kind and input width."""
+    kinds = {type(m) for m in modules}
+    return (kinds == {Int8Linear} or (kinds == {nn.Linear} and len({m.bias is None for m in modules}) == 1)) \
+        and len({m.in_features for m in modules}) == 1
 
 
-def _fused_qkv(att) -> Optional[FusedLinearWeights]:
+def _fuse(modules):
+    """Layers reading the same input as one product, or None: FusedLinearWeights (concatenated float weights,
+    rebuilt when a weight changes) for Linear layers, one concatenated Int8Linear for --int8's layers (the
+    separate calls' values); Stepper._fused_linear runs either."""
+    if not _fusable(modules):
+        return None
+    return Int8Linear.concat(modules) if type(modules[0]) is Int8Linear else FusedLinearWeights(modules)
+
+
+def _fused_qkv(att):
     """The Q, K and V projections of a fairseq MultiheadAttention as one product, when they can run as one."""
     if type(att) is not MultiheadAttention:
         return None
     parts = (att.q_proj, att.k_proj, att.v_proj)
-    return FusedLinearWeights(parts) if _fusable(parts) and len({m.weight.shape for m in parts}) == 1 else None
+    return _fuse(parts) if len({m.out_features for m in parts}) == 1 else None
 
 
 def _attention_reason(att, i) -> Optional[str]:
@@ -114,6 +126,10 @@ class Stepper:
             return torch.ops.fairseq_ext.few_rows_linear.default(x, self._bf16_copy(weight) if self.bf16 else weight, bias)
         return F.linear(x, weight, bias)
 
+    def _fused_linear(self, fused, x: Tensor) -> Tensor:
+        """x through _fuse's product: the concatenated Int8Linear, or the concatenated weights by _linear."""
+        return fused(x) if isinstance(fused, Int8Linear) else self._linear(x, *fused.get())
+
     def _bf16_copy(self, weight: Tensor) -> Tensor:
         """The bf16 copy of a float32 weight whose values are bf16-rounded (exact), made on first use and
         again when the weight changes in place."""
@@ -156,7 +172,7 @@ class Stepper:
                         cache: Dict[str, Tensor]) -> Tensor:
         bsz, d, heads, dh = x.size(0), att.embed_dim, att.num_heads, att.head_dim
         if fused is not None:
-            qkv = self._linear(x, *fused.get())  # (B, 3d)
+            qkv = self._fused_linear(fused, x)  # (B, 3d)
             q, k, v = qkv[:, :d], qkv[:, d:2 * d], qkv[:, 2 * d:]
         else:
             q, k, v = self._module(att.q_proj, x), self._module(att.k_proj, x), self._module(att.v_proj, x)
@@ -366,6 +382,9 @@ class CANStepper(Stepper):
         # --can-compress ffn: fairseq's self-attention Q/K/V as one product; its cache is the layer's entry of
         # self.caches (the CAN sub-layer of these layers has no decoder keys of its own)
         self.qkv = [_fused_qkv(l.fairseq_layer.self_attn) if l.mode == "ffn" else None for l in self.dec.layers]
+        # --int8: each CAN module's input projections (q, k, v, X·W1) as one concatenated Int8Linear
+        self.x_int8 = [_fuse(l.can._x_modules()) if l.can is not None and all(
+            type(m) is Int8Linear for m in l.can._x_modules()) else None for l in self.dec.layers]
 
     def _start_layers(self, enc, pad):
         self.enc_kv = []  # per layer: (k (B, H, S, dh), v (B, H, S, dvh), bias (B, S) or None) per beam row
@@ -382,6 +401,8 @@ class CANStepper(Stepper):
         mods = can._x_modules()
         if self.bf16 and self.kernel and all(type(m) is nn.Linear for m in mods):
             proj = list(self._linear(h, *can._x_weights()).split([m.out_features for m in mods], dim=-1))
+        elif self.x_int8[i] is not None:
+            proj = list(self.x_int8[i](h).split([m.out_features for m in mods], dim=-1))
         else:
             proj = [p[0] for p in can._x_projections(h.unsqueeze(0))]
         q = (proj.pop(0) * can.scaling).view(b, heads, can.head_dim)
@@ -451,7 +472,7 @@ class SASStepper(Stepper):
     def __init__(self, model, beam_size, bf16=False):
         super().__init__(model, beam_size, bf16)
         parts = [(l.block.attn.q_proj, l.block.attn.k_proj) for l in self.dec.layers]
-        self.fused = [FusedLinearWeights(p) if _fusable(p) else None for p in parts]
+        self.fused = [_fuse(p) for p in parts]
 
     def _start_layers(self, enc, pad):
         blocks = [l.block for l in self.dec.layers]
@@ -465,7 +486,7 @@ class SASStepper(Stepper):
         values = att.values(n_in)  # identity, or W_V = I + W in the first layer
         fused = self.fused[i]
         if fused is not None:
-            q, k = self._linear(n_in, *fused.get()).split(fused.sizes, dim=-1)
+            q, k = self._fused_linear(fused, n_in).split([att.q_proj.out_features, att.k_proj.out_features], dim=-1)
         else:
             q, k = self._module(att.q_proj, n_in), self._module(att.k_proj, n_in)
         v_t = values.view(b, heads, dh)

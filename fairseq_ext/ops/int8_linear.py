@@ -100,6 +100,23 @@ class Int8Linear(nn.Module):
             m.bias = linear.bias.detach().float().clone()
         return m.to(linear.weight.device)
 
+    @classmethod
+    def concat(cls, modules):
+        """One Int8Linear whose outputs are the given layers' outputs side by side (layers reading the same
+        input; a layer without bias gets a zero one when another has one): each output row keeps its int8 row
+        and scale, and x is quantized per row as for each layer alone, so the result has the separate calls'
+        values, in one pass over the weights."""
+        k = modules[0].in_features
+        n = sum(m.out_features for m in modules)
+        out = cls(k, n, any(m.bias is not None for m in modules))
+        out.weight_packed = pack_weight(torch.cat([unpack_weight(m.weight_packed, m.out_features, k) for m in modules]))
+        out.weight_scale = torch.cat([m.weight_scale for m in modules])
+        out.weight_sum = torch.cat([m.weight_sum for m in modules])
+        if out.bias is not None:
+            out.bias = torch.cat([m.bias if m.bias is not None else m.weight_scale.new_zeros(m.out_features)
+                                  for m in modules])
+        return out
+
     def forward(self, x):
         return int8_linear(x, self.weight_packed, self.weight_scale, self.weight_sum, self.bias)
 
