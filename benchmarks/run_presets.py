@@ -20,7 +20,8 @@ import train_speed  # noqa: E402
 
 # the Scaling Transformer recipe's models (examples/scaling_sparse/train.sh) at the small dims, 8k vocabulary
 SMALL, SMALL_FFN = common.small_dims()
-_STUDY = __import__("fairseq_ext.tools.study", fromlist=["PROTOCOLS"]).PROTOCOLS["paper"]
+_study = __import__("fairseq_ext.tools.study", fromlist=["PROTOCOLS", "configs"])
+_STUDY = _study.PROTOCOLS["paper"]
 STUDY_DIMS = " ".join(_STUDY.dims) + f" --encoder-ffn-embed-dim {_STUDY.ffn} --decoder-ffn-embed-dim {_STUDY.ffn}"
 DENSE_SMALL = f"dense=transformer@{SMALL} {SMALL_FFN}"
 
@@ -31,7 +32,7 @@ def _study_model(c):
     return f"{c.name}={c.flags[i + 1]}@{' '.join(_STUDY.dims + c.flags[:i] + c.flags[i + 2:])}"
 
 
-STUDY_MODELS = [_study_model(c) for c in __import__("fairseq_ext.tools.study", fromlist=["configs"]).configs(_STUDY)]
+STUDY_MODELS = [_study_model(c) for c in _study.configs(_STUDY)]
 SMALL_SPARSE = [f"sparse_ff=scaling_sparse_ff@{SMALL} {SMALL_FFN} --sparse-ffn-block-size 64",
                 f"sparse_ff_n128=scaling_sparse_ff@{SMALL} {SMALL_FFN} --sparse-ffn-block-size 128",
                 f"sparse_ff_qkv=scaling_sparse@{SMALL} --sparse-qkv-modules 4 --encoder-ffn-embed-dim 1344 "
@@ -109,11 +110,11 @@ PRESETS = {
     # fp32 vs bf16 autocast training (fairseq-train --bf16 on CPU) of the baseline and each main architecture at
     # the recipes' small dims, through fairseq's Trainer on real batches
     "train_precision": (train_precision, train_precision.MODELS[0], train_precision.MODELS[1:], []),
-    # glibc malloc vs tcmalloc (what examples/train.sh preloads on a CPU): the study's baseline shape and the
-    # recipes' small baseline, in the precision the recipes choose, one process per measurement
     # the study's configurations (docs/results) at the study's dims, fp32 and bf16 autocast, one thread (as each
     # study process trains): the training-speed column of the study's table (ratios to the baseline in this run)
     "train_study": (train_precision, STUDY_MODELS[0], STUDY_MODELS[1:], ["--threads", "1"]),
+    # glibc malloc vs tcmalloc (what examples/train.sh preloads on a CPU): the study's baseline shape and the
+    # recipes' small baseline, in the precision the recipes choose, one process per measurement
     "train_allocator": (train_allocator, f"study_baseline=transformer@{STUDY_DIMS}", train_precision.MODELS[:1], []),
     # The roofline table (docs/benchmarks/decoding.md): every family at its paper's dims on the fast path, fp32
     # and int8 decoder, batch 1, beam 5: bytes per step, % of the weight-streaming roofline, encoder time

@@ -1,12 +1,12 @@
-// CPU kernel of int8_linear (schema and maths: csrc/int8_linear.cpp). x is quantized per row to q + 128
-// (unsigned bytes, kept in L1), then the weight is streamed once per group of up to 8 rows of x, as
-// few_rows_linear streams float weights (R weight rows per task, R x M int32 accumulators of 16 lanes):
-//   AVX-512 VNNI (vpdpbusd: 64 unsigned x signed byte products into 16 int32 lanes per instruction), chosen at
-//   run time where the CPU has it (avx512_vnni + avx512bw), the row tail by masked loads;
-//   elsewhere a portable loop (GCC target_clones: an AVX-512F, an AVX2 and a plain version).
+// CPU kernel of int8_linear (schema, packed layout and maths: csrc/int8_linear.cpp). x is quantized per row to
+// q + 128 (unsigned bytes, padded to the tiles' 4-input groups, kept in L1); then the weight is streamed once
+// per group of up to 8 rows of x, G tiles of 16 outputs per task:
+//   AVX-512 VNNI (vpdpbusd: 64 unsigned x signed byte products into 16 int32 lanes, one output per lane),
+//   chosen at run time where the CPU has it (with AVX-512F/BW/VL), x's quantization and y's scaling in 16-lane
+//   intrinsics too; elsewhere portable loops (GCC target_clones: an AVX-512F, an AVX2 and a plain version).
 // Both give the exact integer sums, so y is the same bit for bit on every path and thread count. The float
-// steps (x's scale and rounding, y's scaling) are compiled for the base ISA, where nothing fuses a multiply
-// and an add: the same float32 operations in the same order as the reference.
+// steps (x's scale and rounding, y's scaling) are compiled with contraction off (NO_FP_CONTRACT): no fused
+// multiply-add, the same float32 operations in the same order as the reference.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
@@ -79,10 +79,9 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) void tiles_dot_vnni(const
     for (int m = 0; m < M; ++m) _mm512_storeu_si512(acc + (g * M + m) * 16, a[g][m]);
 }
 
-bool vnni_available() {  // FAIRSEQ_EXT_CPU_ISA=portable (env) turns it off (cpu/avx512.h)
-  static const bool ok = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
-                         __builtin_cpu_supports("avx512vnni");
-  return ok && !cpu_isa_portable();
+bool vnni_available() {  // AVX-512F/BW/VL as the training kernels, and VNNI; FAIRSEQ_EXT_CPU_ISA=portable: off
+  static const bool vnni = __builtin_cpu_supports("avx512vnni");
+  return vnni && avx512_training_available();
 }
 #endif
 
@@ -117,7 +116,7 @@ __attribute__((target("avx512f"), optimize("-ffp-contract=off"))) void scale_out
     const float* b, float* y, int64_t N) {
   for (int g = 0; g < G; ++g) {
     const int64_t j0 = (t0 + g) * 16;
-    const __mmask16 m16 = N - j0 >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (N - j0)) - 1u);
+    const __mmask16 m16 = N - j0 >= 16 ? __mmask16(0xFFFF) : tail_mask(N - j0);
     const __m512i off = _mm512_slli_epi32(_mm512_maskz_loadu_epi32(m16, wsum + j0), 7);  // 128 · Σ W_q
     const __m512 swv = _mm512_maskz_loadu_ps(m16, sw + j0);
     const __m512 bv = b ? _mm512_maskz_loadu_ps(m16, b + j0) : _mm512_setzero_ps();
@@ -134,13 +133,11 @@ __attribute__((target("avx512f"), optimize("-ffp-contract=off"))) void scale_out
 // y rows [0, M) from the quantized rows xu: W read once, G tiles of 16 outputs at a time (G streams per task:
 // as many as keep G x M accumulators in AVX-512's 32 registers), the last tiles one at a time
 template <int M>
-void rows_pass(const uint8_t* xu, const float* sx, const int8_t* wp, const float* sw, const int32_t* wsum,
-               const float* b, float* y, int64_t Kq, int64_t N) {
+void rows_pass(bool vnni, const uint8_t* xu, const float* sx, const int8_t* wp, const float* sw,
+               const int32_t* wsum, const float* b, float* y, int64_t Kq, int64_t N) {
   constexpr int G = M <= 2 ? 8 : M <= 3 ? 6 : M <= 4 ? 5 : M <= 6 ? 4 : 3;
   const int64_t tiles = (N + 15) / 16, groups = tiles / G;
-#ifdef INT8_VNNI
-  const bool vnni = vnni_available();
-#endif
+  (void)vnni;  // (no VNNI path in this build)
   at::parallel_for(0, groups + tiles % G, 4, [&](int64_t begin, int64_t end) {
     int32_t acc[G * M * 16];
     for (int64_t i = begin; i < end; ++i) {
@@ -201,7 +198,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void quantize_row_avx512(co
   const __m512 zero = _mm512_setzero_ps();
   int64_t k = 0;
   for (; k < K; k += 16) {
-    const __mmask16 m = K - k >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (K - k)) - 1u);
+    const __mmask16 m = K - k >= 16 ? __mmask16(0xFFFF) : tail_mask(K - k);
     const __m512 v = _mm512_maskz_loadu_ps(m, x + k);
     finite &= _mm512_cmp_ps_mask(_mm512_sub_ps(v, v), zero, _CMP_EQ_OQ);  // x - x is 0 unless NaN or infinite
     amax = _mm512_max_ps(amax, _mm512_abs_ps(v));
@@ -217,7 +214,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void quantize_row_avx512(co
   const __m512 inv = _mm512_set1_ps(invs), hi = _mm512_set1_ps(127.f), lo = _mm512_set1_ps(-127.f);
   const __m512i off = _mm512_set1_epi32(128);
   for (k = 0; k < K; k += 16) {
-    const __mmask16 m = K - k >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (K - k)) - 1u);
+    const __mmask16 m = K - k >= 16 ? __mmask16(0xFFFF) : tail_mask(K - k);
     __m512 q = _mm512_roundscale_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + k), inv),
                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     q = _mm512_min_ps(hi, _mm512_max_ps(lo, q));
@@ -241,7 +238,7 @@ at::Tensor int8_linear_cpu(const at::Tensor& x, const at::Tensor& weight, const 
   std::vector<float> sx(static_cast<size_t>(M));
   const float* xp = xc.data_ptr<float>();
 #ifdef INT8_VNNI
-  const bool vnni = vnni_available();
+  const bool vnni = vnni_available();  // once per call: every row and pass takes the same path
 #else
   const bool vnni = false;
 #endif
@@ -254,7 +251,6 @@ at::Tensor int8_linear_cpu(const at::Tensor& x, const at::Tensor& weight, const 
 #endif
     quantize_row(xp + m * K, K, Kq * 4, xu.data() + m * Kq * 4, sx.data() + m);
   }
-  (void)vnni;
   const int8_t* w = wc.data_ptr<int8_t>();
   const float* swp = sc.data_ptr<float>();
   const int32_t* wsp = ws.data_ptr<int32_t>();
@@ -265,14 +261,14 @@ at::Tensor int8_linear_cpu(const at::Tensor& x, const at::Tensor& weight, const 
     const float* sr = sx.data() + r;
     float* yr = yp + r * N;
     switch (std::min<int64_t>(kMaxRows, M - r)) {
-      case 1: rows_pass<1>(xr, sr, w, swp, wsp, bp, yr, Kq, N); break;
-      case 2: rows_pass<2>(xr, sr, w, swp, wsp, bp, yr, Kq, N); break;
-      case 3: rows_pass<3>(xr, sr, w, swp, wsp, bp, yr, Kq, N); break;
-      case 4: rows_pass<4>(xr, sr, w, swp, wsp, bp, yr, Kq, N); break;
-      case 5: rows_pass<5>(xr, sr, w, swp, wsp, bp, yr, Kq, N); break;
-      case 6: rows_pass<6>(xr, sr, w, swp, wsp, bp, yr, Kq, N); break;
-      case 7: rows_pass<7>(xr, sr, w, swp, wsp, bp, yr, Kq, N); break;
-      default: rows_pass<8>(xr, sr, w, swp, wsp, bp, yr, Kq, N); break;
+      case 1: rows_pass<1>(vnni, xr, sr, w, swp, wsp, bp, yr, Kq, N); break;
+      case 2: rows_pass<2>(vnni, xr, sr, w, swp, wsp, bp, yr, Kq, N); break;
+      case 3: rows_pass<3>(vnni, xr, sr, w, swp, wsp, bp, yr, Kq, N); break;
+      case 4: rows_pass<4>(vnni, xr, sr, w, swp, wsp, bp, yr, Kq, N); break;
+      case 5: rows_pass<5>(vnni, xr, sr, w, swp, wsp, bp, yr, Kq, N); break;
+      case 6: rows_pass<6>(vnni, xr, sr, w, swp, wsp, bp, yr, Kq, N); break;
+      case 7: rows_pass<7>(vnni, xr, sr, w, swp, wsp, bp, yr, Kq, N); break;
+      default: rows_pass<8>(vnni, xr, sr, w, swp, wsp, bp, yr, Kq, N); break;
     }
   }
   return y;

@@ -383,8 +383,8 @@ class CANStepper(Stepper):
         # self.caches (the CAN sub-layer of these layers has no decoder keys of its own)
         self.qkv = [_fused_qkv(l.fairseq_layer.self_attn) if l.mode == "ffn" else None for l in self.dec.layers]
         # --int8: each CAN module's input projections (q, k, v, X·W1) as one concatenated Int8Linear
-        self.x_int8 = [_fuse(l.can._x_modules()) if l.can is not None and all(
-            type(m) is Int8Linear for m in l.can._x_modules()) else None for l in self.dec.layers]
+        self.x_int8 = [_fuse(l.can._x_modules()) if type(l.can.q_proj) is Int8Linear else None
+                       for l in self.dec.layers]
 
     def _start_layers(self, enc, pad):
         self.enc_kv = []  # per layer: (k (B, H, S, dh), v (B, H, S, dvh), bias (B, S) or None) per beam row

@@ -99,8 +99,8 @@ def configs(p):
         Config("shared_enc_no_dec", "one_wide_ffn", "ablation", f"SharedEncNoDec at d_ff' = {f}",
                owf + ["--encoder-shared-ffn-dim", str(f)]),
         # the One Wide FFN diagnosis (docs/one_wide_ffn/README.md): the shared FFN acts in every encoder layer,
-        # so each Adam step moves its output about `layers-enc` times as far as a layer's own FFN; its own rate
-        # at 1 / (encoder layers) of the schedule's tests whether the widened model is simply trained too hot
+        # so each Adam step moves its output about (encoder layers) times as far as a layer's own FFN; its own
+        # rate at 1 / (encoder layers) of the schedule's tests whether the widened model is simply trained too hot
         Config("one_wide_ffn_shared_lr", "one_wide_ffn", "diagnosis",
                f"One Wide FFN, the shared FFN's learning rate x 1/{enc_layers}",
                owf + ["--encoder-shared-ffn-dim", str(layers * f), "--shared-ffn-lr-scale", f"{1 / enc_layers:g}",
