@@ -203,8 +203,8 @@ def test_bf16_generate_translates_as_fairseq_generate_on_the_rounded_checkpoint(
     flags = [str(tiny_data / "bin"), "--user-dir", USER_DIR, "--cpu", "--gen-subset", "test", "--beam", "5",
              "--batch-size", "8", "--scoring", "sacrebleu"]
     reference = ("import sys, fairseq.sequence_generator as sg; "
-                 "from fairseq_ext.decoding.bf16_encoder import BF16EncoderMixin, bf16_encoder_reason; "
-                 "sg.EnsembleModel = type('E', (BF16EncoderMixin, sg.EnsembleModel), "
+                 "from fairseq_ext.decoding.encoder import EncoderMixin, bf16_encoder_reason; "
+                 "sg.EnsembleModel = type('E', (EncoderMixin, sg.EnsembleModel), "
                  "{'encoder_bf16': bf16_encoder_reason() is None}); "
                  "from fairseq_cli.generate import cli_main; sys.argv[0] = 'fairseq-generate'; cli_main()")
     ref = run([sys.executable, "-c", reference, *flags, "--path", str(tmp_path / "rounded.pt")]).stdout

@@ -1,10 +1,12 @@
 """The fast decoding path (fairseq_ext/decoding/fast_generator.py): the same hypotheses (tokens) and
-scores (to 1e-5) as fairseq's SequenceGenerator for beam 1 and 5, batch 1 and 8, with and without length penalty, on the
+scores (to 1e-5) as fairseq's SequenceGenerator (the encoder's fp32 products and the step's products of more
+than 16 rows on oneDNN-packed weights) for beam 1 and 5, batch 1 and 8, with and without length penalty, on the
 tiny archs it serves; the others fall back with a reason."""
 import pytest
 import torch
 from fairseq.sequence_generator import EnsembleModel, SequenceGenerator
 
+from fairseq_ext.decoding.encoder import can_pack
 from fairseq_ext.decoding.fast_generator import FastEnsembleModel, FastSequenceGenerator, unsupported_reason
 from matrix import build, fixed_batch
 
@@ -41,6 +43,11 @@ def _compare(model, task, sample, gen_cls=FastEnsembleModel, tol=1e-5, **kw):
     kw.setdefault("max_len_b", 12)
     gen = FastSequenceGenerator([model], task.target_dictionary, **kw)
     assert isinstance(gen.model, gen_cls), gen.fast_reason
+    # the packed fp32 encoder and many-row step products wherever torch has them, not only where faster
+    half = next(model.parameters()).dtype != torch.float32
+    gen.model.encoder_packed = can_pack() and not half
+    if isinstance(gen.model, FastEnsembleModel):
+        gen.model.stepper.packed = can_pack()
     kw.pop("int8", None)
     with torch.no_grad():
         ref = SequenceGenerator([model], task.target_dictionary, **kw).generate([model], sample)
@@ -112,10 +119,10 @@ def test_bf16_rounds_the_weights_and_decodes_as_fairseq_on_the_rounded_model(arc
     the rounded model (the same sums in another order), its encoder run as the fast path runs it (under
     bf16 autocast where this CPU's bf16 products are fast)."""
     from fairseq_ext import ops
-    from fairseq_ext.decoding.bf16_encoder import BF16EncoderMixin, bf16_encoder_reason
+    from fairseq_ext.decoding.encoder import EncoderMixin, bf16_encoder_reason
     from fairseq_ext.decoding.fast_generator import OwnStepEnsembleModel
 
-    class AutocastEncoderEnsemble(BF16EncoderMixin, EnsembleModel):
+    class AutocastEncoderEnsemble(EncoderMixin, EnsembleModel):
         pass
 
     task, model = _sharpened(tiny_data, arch)
@@ -229,7 +236,7 @@ def test_bf16_encoder_linears_packed_once_and_equal_to_autocast_linear(tiny_data
     """prepare_encoder (--bf16's encoder): the encoder's own Linear weights become bf16 (those shared with
     the decoder stay float32), and a module-called Linear gives autocast F.linear's result within bf16
     rounding under autocast, and F.linear's exactly outside it."""
-    from fairseq_ext.decoding.bf16_encoder import prepare_encoder
+    from fairseq_ext.decoding.encoder import prepare_encoder, prepared_dtype as encoder_dtype
 
     _, _, model, _ = build(tiny_data, "one_wide_ffn_tiny")
     model.eval()
@@ -239,7 +246,7 @@ def test_bf16_encoder_linears_packed_once_and_equal_to_autocast_linear(tiny_data
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
         ref = torch.nn.functional.linear(x, fc1.weight, fc1.bias)
     prepare_encoder(model)
-    assert model.encoder._bf16_prepared
+    assert encoder_dtype(model) == torch.bfloat16
     for m in model.encoder.modules():
         if type(m) is torch.nn.Linear:
             assert m.weight.dtype == (torch.float32 if id(m.weight) in shared else torch.bfloat16)
@@ -249,3 +256,77 @@ def test_bf16_encoder_linears_packed_once_and_equal_to_autocast_linear(tiny_data
         assert out.dtype == torch.bfloat16 and out.shape == ref.shape
         torch.testing.assert_close(out.float(), ref.float(), rtol=1e-2, atol=1e-2)
         torch.testing.assert_close(fc1(x), torch.nn.functional.linear(x, fc1.weight.float(), fc1.bias))
+
+
+@pytest.mark.skipif(not can_pack(), reason="this torch has no oneDNN packed linear: F.linear runs (tested above)")
+def test_fp32_encoder_linears_packed_equal_f_linear_and_fall_back(tiny_data, monkeypatch):
+    """prepare_encoder(model, float32): the encoder's own module-called Linear layers run on a weight packed
+    for oneDNN and give F.linear's result to float32 rounding; after the weight changes, with gradients, or
+    under autocast they run F.linear itself, and so does a deep copy or a pickle until prepared again. fp32_packed_reason: the environment override, a clear error
+    for a bad value, and otherwise a measured choice."""
+    import copy
+    import pickle
+
+    from fairseq_ext.decoding import encoder
+
+    _, _, model, _ = build(tiny_data, "one_wide_ffn_tiny")
+    model.eval()
+    fc1 = model.encoder.layers[0].fc1
+    x = torch.randn(7, 3, fc1.in_features)
+    encoder.prepare_encoder(model, torch.float32)
+    assert encoder.prepared_dtype(model) == torch.float32 and fc1._packed.dtype == torch.float32
+    assert fc1 is model.encoder.layers[-1].fc1  # the shared FFN: one module, packed once
+    with torch.no_grad():
+        torch.testing.assert_close(fc1(x), torch.nn.functional.linear(x, fc1.weight, fc1.bias), rtol=1e-5, atol=1e-5)
+        fc1.weight.mul_(2)  # changed after packing: F.linear on the new weight, exactly
+        assert torch.equal(fc1(x), torch.nn.functional.linear(x, fc1.weight, fc1.bias))
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            assert fc1(x).dtype == torch.bfloat16
+    fc1._packed.version = fc1.weight._version
+    copied = copy.deepcopy(model)  # a copy (or a pickle) runs F.linear until prepared again
+    assert copied.encoder.layers[0].fc1._packed is None and encoder.prepared_dtype(copied) is None
+    with torch.no_grad():
+        assert torch.equal(copied.encoder.layers[0].fc1(x), torch.nn.functional.linear(x, fc1.weight, fc1.bias))
+    assert pickle.loads(pickle.dumps(fc1))._packed is None
+    out = fc1(x.requires_grad_())  # recording gradients: F.linear, so backward works
+    out.sum().backward()
+    assert fc1.weight.grad is not None and torch.equal(out, torch.nn.functional.linear(x, fc1.weight, fc1.bias))
+    for value, packed in (("default", False), ("packed", True)):
+        monkeypatch.setenv(encoder.ENV, value)
+        encoder.fp32_packed_reason.cache_clear()
+        assert (encoder.fp32_packed_reason() is None) == packed
+    monkeypatch.setenv(encoder.ENV, "mkl")
+    encoder.fp32_packed_reason.cache_clear()
+    with pytest.raises(ValueError, match=encoder.ENV):
+        encoder.fp32_packed_reason()
+    monkeypatch.delenv(encoder.ENV)
+    encoder.fp32_packed_reason.cache_clear()
+    assert encoder.probe_packed_speedup(repeats=3) > 0
+    for speedup, packed in ((1.0, False), (encoder.MIN_SPEEDUP + 0.5, True)):  # the choice follows the probe
+        monkeypatch.setattr(encoder, "probe_packed_speedup", lambda s=speedup: s)
+        encoder.fp32_packed_reason.cache_clear()
+        reason = encoder.fp32_packed_reason()
+        assert (reason is None) == packed and (packed or "1.00x" in reason)
+    encoder.fp32_packed_reason.cache_clear()
+
+
+def test_written_cache_reorders_in_place():
+    """kv_cache.reorder_written_cache: the valid prefix of each buffer is the old prefix index-selected by
+    the beam order (also when finished sentences shrink the batch), written into the same memory (a fresh
+    buffer per step would pay a page fault per page touched), and later writes go on from there."""
+    from fairseq_ext.modules.kv_cache import reorder_written_cache, write_to_cache
+
+    torch.manual_seed(0)
+    state, steps = {}, [(torch.randn(6, 3, 5), torch.randn(6, 3, 5)) for _ in range(20)]
+    for k, v in steps[:17]:  # past the first capacity (16): the buffers have doubled once
+        write_to_cache(state, k, v)
+    full_k = torch.stack([k for k, _ in steps[:17]], 2)
+    ptr = state["kbuf"].data_ptr()
+    for order in (torch.tensor([1, 1, 0, 5, 4, 2]), torch.tensor([3, 0, 0, 2])):
+        reorder_written_cache(state, order)
+        full_k = full_k.index_select(0, order)
+        assert state["kbuf"].data_ptr() == ptr and state["kbuf"].size(0) == order.numel()
+        assert torch.equal(state["kbuf"][:, :, :17], full_k) and state["len"].tolist() == [17] * order.numel()
+    k, v = steps[17][0][:4], steps[17][1][:4]
+    kbuf, vbuf, n = write_to_cache(state, k, v)
+    assert n == 18 and torch.equal(kbuf[:, :, :18], torch.cat([full_k, k.unsqueeze(2)], 2))

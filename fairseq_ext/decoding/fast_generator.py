@@ -14,7 +14,8 @@ generic incremental decoding (shown for the Transformer stepper; CAN and SAS in 
   the first step);
 - Q, K and V as one product (modules/fused_linear.py); every projection and the output projection
   through ops.few_rows_linear at 3-16 rows (batch x beam), which reads each weight once for all rows
-  where MKL's GEMM repacks it every call; the top-k of beam search in two stages (TwoStageBeamSearch);
+  where MKL's GEMM repacks it every call; more rows (batched steps, the sources' cross-attention keys and
+  values) on oneDNN-packed copies where that is faster on this CPU (encoder.py, as the encoder's products); the top-k of beam search in two stages (TwoStageBeamSearch);
 - the arithmetic is fairseq's (the same products and float32 softmax); the kernel and the caches' memory
   layouts sum in another order, so scores agree to ~1e-6 and hypotheses are token-identical
   (tests/test_fast_generator.py).
@@ -42,7 +43,7 @@ from fairseq.sequence_generator import EnsembleModel, SequenceGenerator
 from torch import Tensor, nn
 
 from ..ops.few_rows_linear import few_rows_linear
-from .bf16_encoder import BF16EncoderMixin, bf16_encoder_reason
+from .encoder import EncoderMixin, bf16_encoder_reason, fp32_packed_reason
 from .steppers import stepper_for
 
 logger = logging.getLogger(__name__)
@@ -56,7 +57,7 @@ def unsupported_reason(models) -> Optional[str]:
     return stepper_for(models)[1]
 
 
-class FastEnsembleModel(BF16EncoderMixin, EnsembleModel):
+class FastEnsembleModel(EncoderMixin, EnsembleModel):
     """EnsembleModel whose decoder step and reordering go through the Stepper serving the model."""
 
     def __init__(self, models, beam_size: int, bf16: bool = False):
@@ -96,7 +97,7 @@ def own_step_reason(models) -> Optional[str]:
     return None
 
 
-class OwnStepEnsembleModel(BF16EncoderMixin, EnsembleModel):
+class OwnStepEnsembleModel(EncoderMixin, EnsembleModel):
     """For incremental decoders no Stepper serves (the CAN ablations, Terraformer): the model's own
     incremental step (`extract_features`), then the output projection through ops.few_rows_linear when
     it is fairseq's plain Linear output layer (the largest single read of a small decoder's step:
@@ -199,7 +200,8 @@ class FastSequenceGenerator(SequenceGenerator):
     --bf16 on a CPU) rounds the model's weights to bfloat16 in place (round_to_bf16) and lets the step's
     products read them as bfloat16: half the bytes of float32, float32 arithmetic; the encoder (compute-
     bound, once per sentence) runs under bf16 autocast where this CPU's bf16 products are faster than
-    fp32 (bf16_encoder_reason)."""
+    fp32 (bf16_encoder_reason). The encoder's fp32 products run on weights packed once for oneDNN where
+    that is faster on this CPU (fp32_packed_reason; encoder.py)."""
 
     int8 = False
     bf16 = False
@@ -235,11 +237,20 @@ class FastSequenceGenerator(SequenceGenerator):
         else:
             logger.info(f"fast decoding path not used ({self.fast_reason}): fairseq's SequenceGenerator step"
                         + (" in fp32 (int8 needs the fast path)" if int8 else ""))
-        if bf16 and isinstance(self.model, BF16EncoderMixin):
-            reason = bf16_encoder_reason()
-            self.model.encoder_bf16 = reason is None
-            logger.info("--bf16: the encoder runs under bf16 autocast" if reason is None
-                        else f"--bf16: the encoder runs in float32 ({reason})")
+        if isinstance(self.model, EncoderMixin):
+            reason = bf16_encoder_reason() if bf16 else None
+            self.model.encoder_bf16 = bf16 and reason is None
+            if bf16:
+                logger.info("--bf16: the encoder runs under bf16 autocast" if reason is None
+                            else f"--bf16: the encoder runs in float32 ({reason})")
+            if not self.model.encoder_bf16 and all(p.device.type == "cpu" for p in models[0].parameters()):
+                packed = fp32_packed_reason()
+                self.model.encoder_packed = packed is None
+                if isinstance(self.model, FastEnsembleModel):
+                    self.model.stepper.packed = packed is None
+                logger.info("the encoder's fp32 products and the step's many-row products run on weights "
+                            "packed for oneDNN" if packed is None
+                            else f"the encoder's fp32 products run on F.linear ({packed})")
 
     def _generate(self, sample, prefix_tokens=None, constraints=None, bos_token=None):
         if isinstance(self.model, FastEnsembleModel):

@@ -84,6 +84,8 @@ class Stepper:
         self.model, self.dec, self.beam = model, model.decoder, max(1, beam_size)
         self.bf16 = bf16  # the kernel reads bf16 copies of the (bf16-rounded) weights: --bf16
         self._bf16: Dict[int, Tuple[Tensor, int, Tensor]] = {}  # id(weight) -> (weight, version, bf16 copy)
+        self.packed = False  # products of more than 16 rows on oneDNN-packed copies (_many_rows_linear)
+        self._packs: Dict[int, Tuple[Tensor, int, Tensor]] = {}  # id(weight) -> (weight, version, packed copy)
         self.caches: List[Dict[str, Tensor]] = []  # per layer: kv_cache.write_to_cache's buffers
         self.cross: List[Optional[Dict[str, Optional[Tensor]]]] = []  # per layer: cross K/V per sentence
         self.kernel = False  # this step's projections through ops.few_rows_linear's kernel
@@ -114,8 +116,11 @@ class Stepper:
     def _mha_cross_cache(self, att: MultiheadAttention, enc: Tensor, pad: Optional[Tensor]):
         """fairseq MultiheadAttention keys/values of the encoder output, per sentence (fairseq's layout)."""
         s, kv_bsz = enc.size(0), enc.size(1)
-        k = att.k_proj(enc).contiguous().view(s, kv_bsz * att.num_heads, att.head_dim).transpose(0, 1)
-        v = att.v_proj(enc).contiguous().view(s, kv_bsz * att.num_heads, att.head_dim).transpose(0, 1)
+        rows = enc.reshape(s * kv_bsz, enc.size(2))
+        k, v = (self._many_rows_linear(rows, m.weight, m.bias) if type(m) is nn.Linear else m(rows)
+                for m in (att.k_proj, att.v_proj))
+        k = k.view(s, kv_bsz * att.num_heads, att.head_dim).transpose(0, 1)
+        v = v.view(s, kv_bsz * att.num_heads, att.head_dim).transpose(0, 1)
         return {"k": k, "v": v, "pad": pad, "heads": att.num_heads}
 
     # ---- pieces of a step ----
@@ -124,7 +129,25 @@ class Stepper:
         read once for all rows), else F.linear."""
         if self.kernel:
             return torch.ops.fairseq_ext.few_rows_linear.default(x, self._bf16_copy(weight) if self.bf16 else weight, bias)
+        return self._many_rows_linear(x, weight, bias)
+
+    def _many_rows_linear(self, x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
+        """x (rows, in) -> (rows, out) where the few-rows kernel does not apply (batched steps, the
+        cross-attention keys/values of a batch's sources): oneDNN on a copy of the weight packed once, where
+        FastSequenceGenerator found that faster on this CPU (`packed`: encoder.fp32_packed_reason), else
+        F.linear (which repacks the weight on every call)."""
+        if self.packed and x.dtype == weight.dtype == torch.float32 and x.device.type == "cpu" and x.dim() == 2:
+            return torch.ops.mkldnn._linear_pointwise(x, self._packed_copy(weight), bias, "none", [], "")
         return F.linear(x, weight, bias)
+
+    def _packed_copy(self, weight: Tensor) -> Tensor:
+        """The oneDNN-packed copy of a float32 weight, made on first use and again when it changes in place."""
+        version = 0 if weight.is_inference() else weight._version
+        entry = self._packs.get(id(weight))
+        if entry is None or entry[0] is not weight or entry[1] != version:
+            entry = (weight, version, torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None))
+            self._packs[id(weight)] = entry
+        return entry[2]
 
     def _fused_linear(self, fused, x: Tensor) -> Tensor:
         """x through _fuse's product: the concatenated Int8Linear, or the concatenated weights by _linear."""

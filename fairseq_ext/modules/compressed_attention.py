@@ -28,7 +28,7 @@ from ..ops.compressed_attention import compressed_attention_decode
 from ..ops.few_rows_linear import few_rows_linear
 from .eval_cache import EvalCached
 from .fused_linear import concat_linear, linear_parameters
-from .kv_cache import append_to_cache, write_to_cache
+from .kv_cache import append_to_cache, reorder_written_cache, write_to_cache
 
 
 def _linear(in_dim, out_dim, bias=True):
@@ -206,7 +206,11 @@ class CompressedAttention(EvalCached):
     def reorder_incremental_state(self, incremental_state: Dict[str, Dict[str, Optional[Tensor]]], new_order: Tensor):
         state = self.get_incremental_state(incremental_state, "state")
         if state is not None:
+            if "kbuf" in state:  # the self-attention buffers, reordered in place
+                reorder_written_cache(state, new_order)
             for key, value in state.items():
+                if key in ("kbuf", "vbuf", "len"):
+                    continue
                 # the encoder part is identical across a sentence's beams: like fairseq's cross-attention
                 # cache it is only re-indexed when the batch changes size (finished sentences removed)
                 if key.startswith("enc_") and value.size(0) == new_order.size(0):
