@@ -17,7 +17,8 @@ given as NAME=PATH.pt. Candidate and baseline run interleaved (A B A B ..., warm
 gives median tokens/s, ms per step, the per-round ratio candidate/baseline (median, min-max), peak RSS,
 parameters, and % of roofline: the bytes one step must read (decoder weights, the encoder's weights
 amortised over the steps, the self- and cross-attention key/value caches) divided by the memory
-bandwidth measured in the same run (large fp32 matrix-vector product), over the measured step time.
+bandwidth measured in the same run (common.measure_bandwidth: the faster of a matrix-vector product and a sum
+over a 256 MB fp32 matrix), over the measured step time.
 Writes docs/benchmarks/<name>.json and .png (tokens/s vs batch size), prints a markdown table.
 """
 import argparse

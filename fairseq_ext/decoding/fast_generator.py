@@ -243,14 +243,13 @@ class FastSequenceGenerator(SequenceGenerator):
             if bf16:
                 logger.info("--bf16: the encoder runs under bf16 autocast" if reason is None
                             else f"--bf16: the encoder runs in float32 ({reason})")
-            if not self.model.encoder_bf16 and all(p.device.type == "cpu" for p in models[0].parameters()):
-                packed = fp32_packed_reason()
-                self.model.encoder_packed = packed is None
+            if all(p.device.type == "cpu" for p in models[0].parameters()):
+                packed = fp32_packed_reason()  # (--bf16's weights are float32 rounded to bf16: packed as float32)
+                self.model.encoder_packed = packed is None and not self.model.encoder_bf16
                 if isinstance(self.model, FastEnsembleModel):
                     self.model.stepper.packed = packed is None
-                logger.info("the encoder's fp32 products and the step's many-row products run on weights "
-                            "packed for oneDNN" if packed is None
-                            else f"the encoder's fp32 products run on F.linear ({packed})")
+                logger.info("float32 products of many rows (encoder, batched steps) run on weights packed for "
+                            "oneDNN" if packed is None else f"float32 products of many rows run on F.linear ({packed})")
 
     def _generate(self, sample, prefix_tokens=None, constraints=None, bos_token=None):
         if isinstance(self.model, FastEnsembleModel):
