@@ -51,13 +51,21 @@ def bf16_encoder_reason() -> Optional[str]:
     return None if choice["precision"] == "bf16" else choice["reason"]
 
 
+def pack_weight(weight):
+    """A Linear weight (out, in) laid out once for oneDNN's product (packed_linear)."""
+    return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
+
+
+def packed_linear(rows, packed, bias):
+    """rows (n, in) times a pack_weight weight, plus bias (or None): (n, out), in rows' dtype."""
+    return torch.ops.mkldnn._linear_pointwise(rows, packed, bias, "none", [], "")
+
+
 @functools.lru_cache(maxsize=None)
 def can_pack(dtype=torch.float32) -> bool:
     """Whether this torch has oneDNN's packed linear for dtype."""
     try:
-        w = torch.zeros(8, 8, dtype=dtype)
-        packed = torch.ops.mkldnn._reorder_linear_weight(w, None)
-        torch.ops.mkldnn._linear_pointwise(torch.zeros(2, 8, dtype=dtype), packed, None, "none", [], "")
+        packed_linear(torch.zeros(2, 8, dtype=dtype), pack_weight(torch.zeros(8, 8, dtype=dtype)), None)
         return True
     except (AttributeError, RuntimeError, NotImplementedError):
         return False
@@ -69,9 +77,8 @@ def probe_packed_speedup(shape=PROBE, repeats=7) -> float:
     gen = torch.Generator().manual_seed(0)
     x, w = torch.randn(rows, k, generator=gen), torch.randn(n, k, generator=gen)
     b = torch.randn(n, generator=gen)
-    packed = torch.ops.mkldnn._reorder_linear_weight(w, None)
-    calls = {"default": lambda: nn.functional.linear(x, w, b),
-             "packed": lambda: torch.ops.mkldnn._linear_pointwise(x, packed, b, "none", [], "")}
+    packed = pack_weight(w)
+    calls = {"default": lambda: nn.functional.linear(x, w, b), "packed": lambda: packed_linear(x, packed, b)}
     times = {name: [] for name in calls}
     with torch.no_grad():
         for f in calls.values():
@@ -127,7 +134,7 @@ def _packed_forward(self, x):
             and self.weight._version == packed.version
             and not (torch.is_grad_enabled() and (self.weight.requires_grad or x.requires_grad))):
         rows = x.reshape(-1, x.size(-1)).to(packed.dtype)
-        y = torch.ops.mkldnn._linear_pointwise(rows, packed.weight, packed.bias, "none", [], "")
+        y = packed_linear(rows, packed.weight, packed.bias)
         return y.view(*x.shape[:-1], y.size(-1))
     if autocast:
         return nn.functional.linear(x, self.weight, self.bias)
@@ -158,7 +165,7 @@ def prepare_encoder(model, dtype=torch.bfloat16):
             elif m.weight.dtype != torch.float32:
                 continue
             if pack:
-                m._packed = _Packed(dtype, torch.ops.mkldnn._reorder_linear_weight(m.weight.data, None),
+                m._packed = _Packed(dtype, pack_weight(m.weight),
                                     None if m.bias is None else m.bias.detach().to(dtype), m.weight._version)
                 m.forward = functools.partial(_packed_forward, m)  # (a bound method would not pickle)
         if pack:

@@ -15,7 +15,8 @@ generic incremental decoding (shown for the Transformer stepper; CAN and SAS in 
 - Q, K and V as one product (modules/fused_linear.py); every projection and the output projection
   through ops.few_rows_linear at 3-16 rows (batch x beam), which reads each weight once for all rows
   where MKL's GEMM repacks it every call; more rows (batched steps, the sources' cross-attention keys and
-  values) on oneDNN-packed copies where that is faster on this CPU (encoder.py, as the encoder's products); the top-k of beam search in two stages (TwoStageBeamSearch);
+  values) on oneDNN-packed copies where that is faster on this CPU (encoder.py, as the encoder's
+  products); the top-k of beam search in two stages (TwoStageBeamSearch);
 - the arithmetic is fairseq's (the same products and float32 softmax); the kernel and the caches' memory
   layouts sum in another order, so scores agree to ~1e-6 and hypotheses are token-identical
   (tests/test_fast_generator.py).

@@ -42,6 +42,7 @@ from ..modules.multiplicative import SparseQKVAttention, conv_last_step, conv_pa
 from ..ops.compressed_attention import compressed_attention_decode, compressed_attention_hidden_reference
 from ..ops.few_rows_linear import kernel_applies as few_rows_linear_applies
 from ..ops.int8_linear import Int8Linear
+from .encoder import pack_weight, packed_linear
 
 
 def _fusable(modules) -> bool:
@@ -137,30 +138,25 @@ class Stepper:
         FastSequenceGenerator found that faster on this CPU (`packed`: encoder.fp32_packed_reason), else
         F.linear (which repacks the weight on every call)."""
         if self.packed and x.dtype == weight.dtype == torch.float32 and x.device.type == "cpu" and x.dim() == 2:
-            return torch.ops.mkldnn._linear_pointwise(x, self._packed_copy(weight), bias, "none", [], "")
+            return packed_linear(x, self._weight_copy(self._packs, weight, pack_weight), bias)
         return F.linear(x, weight, bias)
-
-    def _packed_copy(self, weight: Tensor) -> Tensor:
-        """The oneDNN-packed copy of a float32 weight, made on first use and again when it changes in place."""
-        version = 0 if weight.is_inference() else weight._version
-        entry = self._packs.get(id(weight))
-        if entry is None or entry[0] is not weight or entry[1] != version:
-            entry = (weight, version, torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None))
-            self._packs[id(weight)] = entry
-        return entry[2]
 
     def _fused_linear(self, fused, x: Tensor) -> Tensor:
         """x through _fuse's product: the concatenated Int8Linear, or the concatenated weights by _linear."""
         return fused(x) if isinstance(fused, Int8Linear) else self._linear(x, *fused.get())
 
     def _bf16_copy(self, weight: Tensor) -> Tensor:
-        """The bf16 copy of a float32 weight whose values are bf16-rounded (exact), made on first use and
-        again when the weight changes in place."""
+        """The bf16 copy of a float32 weight whose values are bf16-rounded (exact)."""
+        return self._weight_copy(self._bf16, weight, lambda w: w.detach().to(torch.bfloat16))
+
+    @staticmethod
+    def _weight_copy(store: Dict[int, Tuple[Tensor, int, Tensor]], weight: Tensor, make) -> Tensor:
+        """make(weight), kept in store and made on first use and again when the weight changes in place."""
         version = 0 if weight.is_inference() else weight._version  # (inference tensors keep no version)
-        entry = self._bf16.get(id(weight))
+        entry = store.get(id(weight))
         if entry is None or entry[0] is not weight or entry[1] != version:
-            entry = (weight, version, weight.detach().to(torch.bfloat16))
-            self._bf16[id(weight)] = entry
+            entry = (weight, version, make(weight))
+            store[id(weight)] = entry
         return entry[2]
 
     def _module(self, module: nn.Module, x: Tensor) -> Tensor:

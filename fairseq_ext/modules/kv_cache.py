@@ -53,8 +53,7 @@ def write_to_cache(state: Dict[str, Tensor], k: Tensor, v: Tensor, prefix: str =
 def reorder_written_cache(state: Dict[str, Tensor], order: Tensor, prefix: str = ""):
     """Beam reordering of a write_to_cache state, in place: the valid prefix of each buffer is gathered
     and written back into the same buffer (its first len(order) entries: finished sentences leave the batch),
-    and the length index-selected. A new buffer would be fresh memory at every step: the kernel zeroes
-    every page on first touch, which cost more than the copy (Transformer Big, beam 5: ~3 ms a step)."""
+    and the length index-selected: no new buffer per step (the buffers' memory stays allocated and touched)."""
     kk, vk, lk = prefix + "kbuf", prefix + "vbuf", prefix + "len"
     n = int(state[lk][0])
     for name in (kk, vk):
