@@ -147,3 +147,83 @@ def test_claim_is_exclusive_and_dies_with_its_process(tmp_path):
     other.release("r")
     (tmp_path / "results" / "r.json").write_text("{}")
     assert not mine.claim("r")
+
+
+def test_plan_orders_seeds_then_generalisation_tasks_then_ablations(tmp_path):
+    """After the sweep: seed 1 of every method, seed 2 of the baseline and the main configurations, the
+    Terraformer's generalisation tasks, seed 3, the ablations, the main configurations' other rates; the
+    synthetic configurations alone need neither the baseline nor the corpus."""
+    from fairseq_ext.tools.study import PROTOCOLS, Study, synthetic_configs
+
+    p = PROTOCOLS["paper"]
+    study = Study(tmp_path, p)
+    for lr, loss in zip(p.lrs, (6.4, 6.1, 6.2)):
+        (tmp_path / "results" / f"baseline-lr{lr}-s1.json").write_text(json.dumps({"valid_loss": loss}))
+    plan = study.plan()
+    why = [r[3] for r in plan]
+    assert all(r[1] == "2e-3" for r in plan if r[3] not in ("learning-rate sweep", "generalisation task",
+                                                             "its own learning rate"))
+    stages = ["learning-rate sweep", "seed 1", "seed 2", "generalisation task", "seed 3", "ablation",
+              "its own learning rate"]
+    firsts = [why.index(s) for s in stages]
+    lasts = [len(why) - 1 - why[::-1].index(s) for s in stages]
+    assert all(lasts[i] < firsts[i + 1] for i in range(len(stages) - 1)), why
+    assert {r[0] for r in plan if r[3] == "generalisation task"} == {c.name for c in synthetic_configs(p)} == {
+        "copy_terraformer", "copy_transformer", "addition_terraformer", "addition_transformer"}
+    alone = Study(tmp_path / "alone", p, only={"copy_transformer"})
+    assert [r[0] for r in alone.plan()] == ["copy_transformer"] and "baseline" not in alone.configs
+
+
+def test_synthetic_convergence_rules():
+    from fairseq_ext.tools.study import PROTOCOLS, synthetic_convergence
+
+    s = PROTOCOLS["paper"].synthetic  # every 500 updates, patience 4, at least 4,000 updates, cap 12,000
+    ev = lambda u, seq, tok: {"updates": u, "sequence_accuracy": seq, "token_accuracy": tok}
+    flat = [ev(500 * (i + 1), 0.0, 6.0) for i in range(8)]
+    assert synthetic_convergence([], s) is None
+    assert synthetic_convergence(flat[:7], s) is None  # under min_updates: a stall may end
+    assert synthetic_convergence(flat, s) == "plateau"
+    rising = flat[:7] + [ev(4000, 0.0, 6.6)]  # token accuracy still improving by 0.5 points or more
+    assert synthetic_convergence(rising, s) is None
+    assert synthetic_convergence([ev(500, 100.0, 100.0)], s) == "perfect"
+    climbing = [ev(500 * (i + 1), float(i), float(i)) for i in range(24)]
+    assert synthetic_convergence(climbing, s) == "max_updates"
+
+
+def test_synthetic_tasks_run_resume_and_tabulate(tmp_path):
+    """The study's generalisation stage on the tiny protocol, without a translation corpus: killed once its
+    first valid decoding is recorded, resumed to the end; the decodings are every `interval` updates with
+    none repeated, the kept checkpoint is the best valid one, the test set is decoded, and the table shows
+    the run beside the paper's figures."""
+    out, results = tmp_path / "study", tmp_path / "results"
+    (results / "runs").mkdir(parents=True)
+    (results / "README.md").write_text("# Results\n\n<!-- study:results:begin -->\n<!-- study:results:end -->\n")
+    cmd = [sys.executable, "-m", "fairseq_ext.tools.study", "run", str(out), "--protocol", "tiny", "--configs",
+           "copy_transformer", "--publish", str(results / "runs")]
+    save = out / "runs" / "copy_transformer-lr3e-3-s1"
+    with open(tmp_path / "sitting1.log", "w") as log:
+        p = subprocess.Popen(cmd, cwd=REPO, env=clean_env(OMP_NUM_THREADS="1"), stdout=log,
+                             stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.time() + 600
+        while not (save / "evals.json").exists() and p.poll() is None and time.time() < deadline:
+            time.sleep(0.5)
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+    assert (save / "evals.json").exists(), open(tmp_path / "sitting1.log").read()[-3000:]
+    assert not (results / "runs" / "copy_transformer-lr3e-3-s1.json").exists()
+    second = run(cmd, OMP_NUM_THREADS="1").stdout
+    assert "Loaded checkpoint" in (save / "train.log").read_text() and "updates 4-8" in second, second[-3000:]
+    r = json.loads((results / "runs" / "copy_transformer-lr3e-3-s1.json").read_text())
+    s = __import__("fairseq_ext.tools.study", fromlist=["PROTOCOLS"]).PROTOCOLS["tiny"].synthetic
+    assert [e["updates"] for e in r["evals"]] == [s.interval * (i + 1) for i in range(len(r["evals"]))]
+    assert r["updates"] == r["evals"][-1]["updates"] and r["stopped_by"] in ("perfect", "plateau", "max_updates")
+    best = max(r["evals"], key=lambda e: (e["sequence_accuracy"], e["token_accuracy"]))
+    assert r["chosen_updates"] == best["updates"] and r["valid"]["token_accuracy"] == best["token_accuracy"]
+    assert r["test"]["examples"] == s.test and r["role"] == "synthetic" and r["parameters"] > 0
+    assert all(e["valid_loss"] is not None for e in r["evals"])
+    assert (out / "results" / f"{r['name']}.json").read_text() == (results / "runs" / f"{r['name']}.json").read_text()
+    assert "nothing left to run" in run(cmd, OMP_NUM_THREADS="1").stdout
+    run([sys.executable, "-m", "fairseq_ext.tools.study", "table", "--results", str(results)])
+    table = (results / "README.md").read_text()
+    assert "### Terraformer's generalisation" in table and "| copy | transformer |" in table, table
+    assert f"{r['test']['sequence_accuracy']:.1f} / {r['test']['token_accuracy']:.1f} | 0.0 / 79.8 |" in table

@@ -42,6 +42,39 @@ def test_reversible_gradients_equal_storing_model(arch, flags, tiny_data):
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11, msg=lambda m: f"{name}: {m}")
 
 
+@pytest.mark.parametrize("arch", ["terraformer_tiny", "terraformer_dense_tiny"])
+def test_reversible_recomputes_under_the_forward_autocast(arch, tiny_data, monkeypatch):
+    """bf16 autocast training (a CPU with native bf16; --amp on a GPU): the backward pass recomputes each swap
+    in bf16 as the forward ran it, so the gradients are the storing model's up to the last bits of the
+    rebuilt inputs; recomputed in fp32 (autograd runs backward outside autocast) they are off everywhere by
+    bf16's rounding, which this test must tell apart."""
+    import fairseq_ext.modules.reversible as rev_module
+
+    _, task, model, criterion = build(tiny_data, arch, extra=["--dropout", "0.0"])
+    model = model.train()
+    sample = fixed_batch(task, n=6, split="train")
+
+    def grads():
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return _loss_and_grads(model, criterion, sample, seed=3)[1:]
+
+    def error(a, b):  # relative error of all gradients together
+        return float(torch.cat([(x - y).flatten() for x, y in zip(a, b)]).norm()
+                     / torch.cat([y.flatten() for y in b]).norm())
+
+    rev = grads()
+    for s in _stacks(model):
+        s.reversible = False
+    plain = grads()
+    for s in _stacks(model):
+        s.reversible = True
+    with monkeypatch.context() as m:  # the recomputation without the forward's autocast: what must be caught
+        m.setattr(rev_module, "_autocast_state", lambda x: (x.device.type, False, torch.bfloat16, True))
+        fp32_recompute = grads()
+    assert error(fp32_recompute, plain) > 5 * error(rev, plain), (error(rev, plain), error(fp32_recompute, plain))
+    assert error(rev, plain) < 1e-3, error(rev, plain)
+
+
 def _single(model, src, tgt_in, pad):
     keep = src.ne(pad)
     s = src[keep].unsqueeze(0)

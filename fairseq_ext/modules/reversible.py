@@ -13,6 +13,10 @@ Two things make the recomputed f_i(b) the forward's f_i(b) (paper §4.2: "recalc
 on the backwards pass leads to worse results"):
 - random state: each swap's CPU/CUDA RNG state is saved before it runs and restored for the
   recomputation (dropout masks, Gumbel noise, the straight-through coin are the same);
+- precision: the forward pass's autocast state (bf16 training on a CPU, --amp on a GPU) is restored for
+  the recomputation, which autograd runs outside any autocast region: otherwise f_i would be recomputed in
+  fp32, a different function from the forward's bf16 one (its gradient, and the input rebuilt from it,
+  would be off by bf16's rounding) and several times slower;
 - discrete decisions: a module that makes one (the sparse FFN's chosen unit per block) passes it through
   `decision(x)`; in the forward pass the value is recorded on the swap's tape, in the recomputation the
   recorded value is returned instead of the recomputed one (whose input was rebuilt by a subtraction and
@@ -70,6 +74,17 @@ def _rng_state(x: torch.Tensor):
     return torch.get_rng_state(), (torch.cuda.get_rng_state(x.device) if x.is_cuda else None)
 
 
+def _autocast_state(x: torch.Tensor):
+    """(device type, enabled, dtype, cache) of autocast for x's device now."""
+    dev = x.device.type
+    return dev, torch.is_autocast_enabled(dev), torch.get_autocast_dtype(dev), torch.is_autocast_cache_enabled()
+
+
+def _restored_autocast(state):
+    dev, enabled, dtype, cache = state
+    return torch.autocast(device_type=dev, dtype=dtype, enabled=enabled, cache_enabled=cache)
+
+
 @contextlib.contextmanager
 def _restored_rng(state, x: torch.Tensor):
     devices = [x.device] if x.is_cuda else []
@@ -83,7 +98,7 @@ def _restored_rng(state, x: torch.Tensor):
 class _ReversibleFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, a, b, anchor, fns):  # anchor: an empty tensor that requires grad (see ReversibleStack)
-        ctx.fns, ctx.swaps = fns, []
+        ctx.fns, ctx.swaps, ctx.autocast = fns, [], _autocast_state(b)
         inputs = (a, b)
         with torch.no_grad():
             for f in fns:
@@ -101,12 +116,13 @@ class _ReversibleFunction(torch.autograd.Function):
         y1, y2 = ctx.saved_tensors  # the output pair (b, a + f(b)) of the last swap
         for f, (state, tape) in zip(reversed(ctx.fns), reversed(ctx.swaps)):
             x2 = y1.detach().requires_grad_(True)
-            with torch.enable_grad(), _restored_rng(state, x2), tape.active(replay=True):
+            with torch.enable_grad(), _restored_autocast(ctx.autocast), _restored_rng(state, x2), \
+                    tape.active(replay=True):
                 fx2 = f(x2)
             with torch.no_grad():
                 x1 = y2 - fx2  # the swap's first input, rebuilt
             # y1 = x2, y2 = x1 + f(x2): dL/dx1 = dL/dy2; dL/dx2 = dL/dy1 + f'(x2)ᵀ dL/dy2 (parameters too)
-            torch.autograd.backward(fx2, grad_b)
+            torch.autograd.backward(fx2, grad_b.to(fx2.dtype))  # a + f(b) cast f(b) up: its gradient down
             grad_a, grad_b = grad_b, grad_a + x2.grad
             y1, y2 = x1, x2.detach()
         return grad_a, grad_b, None, None

@@ -1,6 +1,7 @@
 """The reproduction study: every method against the baseline, trained to convergence, several seeds.
 
     python -m fairseq_ext.tools.study run OUT [--protocol paper|tiny] [--corpus DIR] [--max-runs N]
+        [--configs NAME,...]
     python -m fairseq_ext.tools.study table [--results docs/results] [--check]
 
 `run` carries out the protocol of docs/results/README.md in OUT, resumable at any point: a finished run
@@ -10,7 +11,10 @@ per core with OMP_NUM_THREADS=1): each claims a different run (an flock on a fil
 (examples/train.sh) until its convergence rule holds, then averages its last epoch checkpoints, measures
 the averaged model's valid loss (fairseq-validate) and translates the test set (examples/evaluate.sh,
 beam 5, sacrebleu). Its result, one JSON file, goes to OUT/results/NAME.json and, for the paper protocol,
-to docs/results/runs/NAME.json (what `table` reads and what is committed).
+to docs/results/runs/NAME.json (what `table` reads and what is committed). Terraformer's generalisation
+tasks (copy and addition, each with the Terraformer and the Transformer: configurations copy_terraformer ...
+addition_transformer) train in chunks of updates until their in-distribution accuracy stops improving
+(`do_synthetic`); `--configs copy_transformer,...` runs only those, without the translation corpus.
 
 `table` writes the tables, curves and verdicts of docs/results from the run files; `--check` fails when
 the committed docs differ from what it would write.
@@ -33,6 +37,27 @@ RESULTS = os.path.join(REPO, "docs", "results")
 
 
 @dataclass
+class Synthetic:
+    """Terraformer's generalisation tasks (Jaszczur et al. 2021, §4.3, Table 4): copy and long addition, trained
+    on operands of 1..max_train_digits digits until in-distribution accuracy stops improving, tested on
+    test_digits (over 2x longer: out of distribution); fairseq_ext/tools/synthetic.py."""
+    train: int  # examples
+    valid: int
+    test: int
+    max_train_digits: int
+    test_digits: str
+    interval: int  # updates between two greedy decodings of the valid set
+    patience: int  # decodings without improvement that stop a run (after min_updates)
+    min_updates: int
+    max_updates: int  # the cap: not converged
+    improve: float  # accuracy points (sequence or token) that count as an improvement
+    lr: str
+    warmup: int
+    max_tokens: int
+    dims: list = None  # the models' dims (None: fairseq_ext/tools/synthetic.py's DIMS)
+
+
+@dataclass
 class Protocol:
     name: str
     corpus: str  # {train,valid,test}.{en,de}.gz
@@ -51,6 +76,7 @@ class Protocol:
     average: int  # epoch checkpoints averaged for evaluation
     dropout: float = 0.1
     eval_flags: list = field(default_factory=list)
+    synthetic: Synthetic = None
 
 
 PROTOCOLS = {
@@ -60,7 +86,10 @@ PROTOCOLS = {
               "--decoder-embed-dim", "128", "--encoder-attention-heads", "4", "--decoder-attention-heads", "4",
               "--encoder-normalize-before", "--decoder-normalize-before", "--share-all-embeddings"],
         ffn=512, lrs=["1e-3", "2e-3", "4e-3"], warmup=1000, max_tokens=4096, seeds=3, min_epochs=4,
-        max_epochs=20, patience=3, tail=0.2, improve=0.01, average=5),
+        max_epochs=20, patience=3, tail=0.2, improve=0.01, average=5,
+        synthetic=Synthetic(train=50000, valid=1000, test=300, max_train_digits=128, test_digits="256-300",
+                            interval=500, patience=4, min_updates=4000, max_updates=12000, improve=0.5,
+                            lr="1e-3", warmup=500, max_tokens=4096)),
     "tiny": Protocol(  # the end-to-end test of this tool: tiny dims, a corpus given by --corpus
         name="tiny", corpus="", vocab=1000,
         dims=["--encoder-layers", "2", "--decoder-layers", "1", "--encoder-embed-dim", "32",
@@ -68,7 +97,14 @@ PROTOCOLS = {
               "--encoder-normalize-before", "--decoder-normalize-before", "--share-all-embeddings"],
         ffn=64, lrs=["3e-3", "6e-3"], warmup=20, max_tokens=2000, seeds=2, min_epochs=2,
         max_epochs=2, patience=3, tail=0.5, improve=0.01, average=2,
-        eval_flags=["--max-len-a", "1", "--max-len-b", "5"]),
+        eval_flags=["--max-len-a", "1", "--max-len-b", "5"],
+        synthetic=Synthetic(train=400, valid=16, test=8, max_train_digits=6, test_digits="10-12", interval=4,
+                            patience=1, min_updates=8, max_updates=12, improve=0.5, lr="3e-3", warmup=4,
+                            max_tokens=1000,
+                            dims=["--encoder-layers", "1", "--decoder-layers", "1", "--encoder-embed-dim", "32",
+                                  "--decoder-embed-dim", "32", "--encoder-ffn-embed-dim", "64",
+                                  "--decoder-ffn-embed-dim", "64", "--encoder-attention-heads", "2",
+                                  "--decoder-attention-heads", "2", "--share-all-embeddings"])),
 }
 
 
@@ -129,6 +165,36 @@ def configs(p):
         Config("sas_nonorm", "sas", "ablation", "SAS-P encoder, SAS decoder, no norm",
                ["--arch", "sas_block", *ffn(f), "--sas-no-norm"]),
     ]
+
+
+def synthetic_configs(p):
+    """Terraformer's generalisation runs: each task with each of the two models (role 'synthetic')."""
+    from .synthetic import model_flags
+
+    if p.synthetic is None:
+        return []
+    return [Config(f"{task}_{model}", "terraformer", "synthetic", f"{task}, {model} (Table 4)",
+                   model_flags(model, p.synthetic.dims)) for task in ("copy", "addition")
+            for model in ("terraformer", "transformer")]
+
+
+def synthetic_convergence(evals, s):
+    """Why a synthetic run whose valid decodings are `evals` ([{updates, sequence_accuracy, token_accuracy}])
+    stops now, or None: 'perfect' (every valid sequence right), 'plateau' (at least s.min_updates, and the
+    last s.patience decodings improved neither accuracy by s.improve points over the best before them) or
+    'max_updates' (the cap: not converged)."""
+    if not evals:
+        return None
+    if evals[-1]["sequence_accuracy"] >= 100.0:
+        return "perfect"
+    if evals[-1]["updates"] >= s.min_updates and len(evals) > s.patience:
+        before, last = evals[:-s.patience], evals[-s.patience:]
+        if all(max(e[k] for e in last) < max(e[k] for e in before) + s.improve
+               for k in ("sequence_accuracy", "token_accuracy")):
+            return "plateau"
+    if evals[-1]["updates"] >= s.max_updates:
+        return "max_updates"
+    return None
 
 
 def run_name(config, lr, seed):
@@ -212,7 +278,11 @@ class Study:
         self.results = os.path.join(self.out, "results")
         os.makedirs(self.results, exist_ok=True)
         self._locks = {}  # run name -> open file descriptor holding its flock
-        self.configs = {c.name: c for c in configs(self.p) if only is None or c.name in only or c.role == "baseline"}
+        everything = configs(self.p) + synthetic_configs(self.p)
+        # the baseline comes with every translation configuration (their learning rate is the baseline's)
+        translation = only is None or any(c.name in only for c in everything if c.role != "synthetic")
+        self.configs = {c.name: c for c in everything
+                        if only is None or c.name in only or (c.role == "baseline" and translation)}
 
     # -- the study's fixed choices, made once and kept in OUT/study.json
     def setup(self):
@@ -236,7 +306,9 @@ class Study:
             os.replace(path + ".tmp", path)
         log(f"precision of every run: {self.meta['precision']['reason']}")
         self.data = os.path.join(self.out, "data")
-        sh(["bash", os.path.join(REPO, "examples/data/binarize.sh"), self.p.corpus, self.data, "--vocab", str(self.p.vocab)])
+        if "baseline" in self.configs:  # translation configurations (not only the synthetic tasks)
+            sh(["bash", os.path.join(REPO, "examples/data/binarize.sh"), self.p.corpus, self.data, "--vocab",
+                str(self.p.vocab)])
 
     # -- the plan: which runs, in which order (the sweep decides the learning rate of the rest)
     def result(self, name):
@@ -264,6 +336,10 @@ class Study:
         """Run specs (config, lr, seed, why) in order; stops at the first stage that needs results not
         there yet."""
         p, runs = self.p, []
+        synthetic = [(c.name, p.synthetic.lr, 1, "generalisation task") for c in self.configs.values()
+                     if c.role == "synthetic"]
+        if "baseline" not in self.configs:
+            return synthetic
         runs += [("baseline", lr, 1, "learning-rate sweep") for lr in p.lrs]
         lr = self.best_lr("baseline")
         mains = [c for c in self.configs.values() if c.role == "main"]
@@ -279,9 +355,15 @@ class Study:
         runs += [(c, lr, 1, "seed 1") for c in key]
         runs += [(c.name, lr, 1, "diagnosis") for c in self.configs.values() if c.role == "diagnosis"]
         runs += [(c.name, lr, 1, "seed 1") for c in mains if c.name not in key]
-        runs += [(c.name, lr, 1, "ablation") for c in ablations if c.name not in key]
+        # the seeds before the ablations: every verdict on a paper's claim needs them; once every main
+        # configuration has two seeds, Terraformer's generalisation tasks (its claim has no run at all before)
         for seed in range(2, p.seeds + 1):
             runs += [(c, lr, seed, f"seed {seed}") for c in ["baseline"] + [m.name for m in mains]]
+            if seed == 2:
+                runs += synthetic
+        if p.seeds < 2:
+            runs += synthetic
+        runs += [(c.name, lr, 1, "ablation") for c in ablations if c.name not in key]
         runs += [(c.name, other, 1, "its own learning rate") for c in mains for other in p.lrs if other != lr]
         return runs
 
@@ -297,6 +379,8 @@ class Study:
                 + ([prec] if prec else []))
 
     def do_run(self, config, lr, seed):
+        if self.configs[config].role == "synthetic":
+            return self.do_synthetic(config, lr, seed)
         from .train_log import parse_train_log
 
         name = run_name(config, lr, seed)
@@ -319,6 +403,120 @@ class Study:
                 f.write(f"{spent + time.time() - t:.1f}")
         log(f"{name}: stopped after {len(valid)} epochs ({stop}); averaging, validating, translating")
         return self.evaluate(name, config, lr, seed, save, valid, stop)
+
+    # -- Terraformer's generalisation tasks
+    def synthetic_data(self, task):
+        """OUT/synthetic/TASK: the task's examples and their binarized form, made once (under a lock)."""
+        s, folder = self.p.synthetic, os.path.join(self.out, "synthetic", task)
+        os.makedirs(folder, exist_ok=True)
+        with open(os.path.join(folder, "make.lock"), "a") as guard:
+            fcntl.flock(guard, fcntl.LOCK_EX)
+            if not os.path.exists(os.path.join(folder, "bin", "done")):
+                sh([sys.executable, "-m", "fairseq_ext.tools.synthetic", "make", "--task", task, "--out",
+                    os.path.join(folder, "raw"), "--train", str(s.train), "--valid", str(s.valid), "--test",
+                    str(s.test), "--max-train-digits", str(s.max_train_digits), "--test-digits", s.test_digits])
+                shutil.rmtree(os.path.join(folder, "bin"), ignore_errors=True)
+                raw = os.path.join(folder, "raw")
+                sh(["fairseq-preprocess", "--source-lang", "src", "--target-lang", "tgt", "--trainpref",
+                    os.path.join(raw, "train"), "--validpref", os.path.join(raw, "valid"), "--testpref",
+                    os.path.join(raw, "test"), "--joined-dictionary", "--destdir", os.path.join(folder, "bin"),
+                    "--workers", "1"])
+                open(os.path.join(folder, "bin", "done"), "w").close()
+        return os.path.join(folder, "bin")
+
+    def synthetic_decode(self, data_bin, ckpt, split, out):
+        """Greedy decoding of `split` with checkpoint `ckpt`: {examples, sequence_accuracy, token_accuracy}."""
+        from .synthetic import read_generate, score
+
+        # the answer is at most one digit longer than the longest operand: max length = source length + 2
+        text = sh(["fairseq-generate", data_bin, "--user-dir", os.path.join(REPO, "fairseq_ext"), "--cpu",
+                   "--source-lang", "src", "--target-lang", "tgt", "--gen-subset", split, "--path", ckpt,
+                   "--beam", "1", "--max-len-a", "1", "--max-len-b", "2", "--batch-size", "50"])
+        with open(out + ".tmp", "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(out + ".tmp", out)
+        return score(read_generate(out))
+
+    def do_synthetic(self, config, lr, seed):
+        """Train in chunks of s.interval updates; after each, decode the valid set greedily (in distribution)
+        and keep the checkpoint of the best valid accuracy (checkpoint_chosen.pt); stop by
+        synthetic_convergence; decode the test set (out of distribution) with the chosen checkpoint. Every
+        step is resumable: a chunk resumes from checkpoint_last.pt, a decoding already recorded in
+        evals.json is not repeated."""
+        from .train_log import parse_train_log
+
+        s, c = self.p.synthetic, self.configs[config]
+        task = config.split("_", 1)[0]
+        name = run_name(config, lr, seed)
+        save = os.path.join(self.out, "runs", name)
+        os.makedirs(save, exist_ok=True)
+        data_bin = self.synthetic_data(task)
+        train_log, clock = os.path.join(save, "train.log"), os.path.join(save, "train_seconds")
+        evals_path = os.path.join(save, "evals.json")
+        evals = json.load(open(evals_path)) if os.path.exists(evals_path) else []
+        prec = self.meta["precision"]["flag"]
+        key = lambda e: (e["sequence_accuracy"], e["token_accuracy"])
+        while not (stop := synthetic_convergence(evals, s)):
+            target = (len(evals) + 1) * s.interval
+            log(f"{name}: updates {target - s.interval}-{target}"
+                + (f" (valid sequence accuracy so far {evals[-1]['sequence_accuracy']:.1f}%)" if evals else ""))
+            t = time.time()
+            sh(["bash", os.path.join(REPO, "examples/train.sh"), data_bin, save] + c.flags
+               + ["--source-lang", "src", "--target-lang", "tgt", "--label-smoothing", "0", "--lr", lr,
+                  "--warmup-updates", str(s.warmup), "--seed", str(seed), "--max-tokens", str(s.max_tokens),
+                  "--dropout", str(self.p.dropout), "--no-epoch-checkpoints", "--max-update", str(target)]
+               + ([prec] if prec else []), logfile=train_log,
+               env={"LOG_INTERVAL": "100", "PRECISION": "fp32"})
+            spent = float(open(clock).read()) if os.path.exists(clock) else 0.0
+            with open(clock, "w") as f:
+                f.write(f"{spent + time.time() - t:.1f}")
+            last = os.path.join(save, "checkpoint_last.pt")
+            r = self.synthetic_decode(data_bin, last, "valid", os.path.join(save, "generate-valid.txt"))
+            valid = {int(v["num_updates"]): v for v in parse_train_log(train_log)["valid"]}
+            e = {"updates": target, "valid_loss": valid[target]["loss"] if target in valid else None,
+                 "sequence_accuracy": r["sequence_accuracy"], "token_accuracy": r["token_accuracy"]}
+            if not evals or key(e) > max(key(x) for x in evals):  # the best valid accuracy so far
+                shutil.copy(last, os.path.join(save, "chosen.tmp"))
+                os.replace(os.path.join(save, "chosen.tmp"), os.path.join(save, "checkpoint_chosen.pt"))
+            evals.append(e)
+            with open(evals_path + ".tmp", "w") as f:
+                json.dump(evals, f, indent=1)
+            os.replace(evals_path + ".tmp", evals_path)
+        best = max(evals, key=key)
+        log(f"{name}: stopped after {evals[-1]['updates']} updates ({stop}); the chosen checkpoint "
+            f"({best['updates']} updates) decodes the test set")
+        chosen = os.path.join(save, "checkpoint_chosen.pt")
+        test = self.synthetic_decode(data_bin, chosen, "test", os.path.join(save, "generate-test.txt"))
+        log_ = parse_train_log(train_log)
+        wps = [t["wps"] for t in log_["train"] if "wps" in t]
+        result = {
+            "name": name, "config": config, "paper": c.paper, "role": c.role, "what": c.what, "task": task,
+            "model": config.split("_", 1)[1], "lr": lr, "warmup": s.warmup, "seed": seed,
+            "flags": " ".join(c.flags), "protocol": self.p.name, "parameters": log_["params"],
+            "train_digits": f"1-{s.max_train_digits}", "test_digits": s.test_digits,
+            "updates": evals[-1]["updates"], "chosen_updates": best["updates"], "stopped_by": stop,
+            "converged": stop in ("perfect", "plateau"), "evals": evals,
+            "valid": {"examples": s.valid, "sequence_accuracy": best["sequence_accuracy"],
+                      "token_accuracy": best["token_accuracy"]},
+            "test": test, "train_tokens_per_s": statistics.median(wps) if wps else None,
+            "train_seconds": round(float(open(clock).read())) if os.path.exists(clock) else None,
+            "precision": self.meta["precision"]["precision"], "cpu": self.meta["precision"].get("cpu"),
+            "threads": int(os.environ.get("OMP_NUM_THREADS", 0)) or os.cpu_count(),
+            "git": git_rev(), "finished": time.strftime("%Y-%m-%d %H:%M"),
+        }
+        self.publish_result(name, result)
+        log(f"{name}: valid {best['sequence_accuracy']:.1f}% / {best['token_accuracy']:.1f}%, test "
+            f"{test['sequence_accuracy']:.1f}% / {test['token_accuracy']:.1f}% (sequences / tokens)")
+        return result
+
+    def publish_result(self, name, result):
+        for path in [os.path.join(self.results, name + ".json")] + (
+                [os.path.join(self.publish, name + ".json")] if self.publish else []):
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            tmp = path + ".tmp"
+            with open(tmp, "w") as f:
+                f.write(dump_result(result))
+            os.replace(tmp, path)
 
     def evaluate(self, name, config, lr, seed, save, valid, stop):
         from .train_log import parse_train_log
@@ -366,13 +564,7 @@ class Study:
             "threads": int(os.environ.get("OMP_NUM_THREADS", 0)) or os.cpu_count(),
             "git": git_rev(), "finished": time.strftime("%Y-%m-%d %H:%M"),
         }
-        for path in [os.path.join(self.results, name + ".json")] + (
-                [os.path.join(self.publish, name + ".json")] if self.publish else []):
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            tmp = path + ".tmp"
-            with open(tmp, "w") as f:
-                f.write(dump_result(result))
-            os.replace(tmp, path)
+        self.publish_result(name, result)
         for f in [f for _, f in epochs] + ["checkpoint_best.pt"]:  # averaged.pt and checkpoint_last.pt stay
             if os.path.exists(os.path.join(save, f)):
                 os.remove(os.path.join(save, f))
@@ -449,14 +641,15 @@ def main(argv=None):
     args = p.parse_args(argv)
     if args.cmd == "run":
         protocol = PROTOCOLS[args.protocol]
-        if not (args.corpus or protocol.corpus):
-            p.error(f"--protocol {args.protocol} needs --corpus")
         publish = args.publish or (os.path.join(RESULTS, "runs") if args.protocol == "paper" else None)
         only = set(args.configs.split(",")) if args.configs else None
-        unknown = (only or set()) - {c.name for c in configs(protocol)}
+        known = [c.name for c in configs(protocol) + synthetic_configs(protocol)]
+        unknown = (only or set()) - set(known)
         if unknown:
-            p.error(f"--configs: unknown {', '.join(sorted(unknown))} (known: "
-                    f"{', '.join(c.name for c in configs(protocol))})")
+            p.error(f"--configs: unknown {', '.join(sorted(unknown))} (known: {', '.join(known)})")
+        translation = only is None or bool(only & {c.name for c in configs(protocol)})
+        if translation and not (args.corpus or protocol.corpus):
+            p.error(f"--protocol {args.protocol} needs --corpus (the translation configurations train on it)")
         Study(args.out, protocol, args.corpus, publish, only).run(args.max_runs)
     else:
         from .study_report import write_report

@@ -34,6 +34,11 @@ CLAIMS = [
 ORDER = ["baseline", "one_wide_ffn", "shared_enc_no_dec", "one_wide_ffn_shared_lr", "can", "can_attention", "can_ffn",
          "sparse_ffn", "sparse_ffn_qkv", "sparse_ffn_qkv_all", "sparse_ffn_128", "sas", "sas_sequential", "sas_nonorm"]
 MARGIN = {"bleu": 0.5, "valid_loss": 0.01}  # absolute BLEU; relative validation loss
+# Terraformer's generalisation tasks (Jaszczur et al. 2021, Table 4: 256-300 digits, out of distribution):
+# the paper's (sequence, token) accuracy in %, and the token-accuracy gap that counts as a difference
+SYNTHETIC_PAPER = {("copy", "terraformer"): (93.9, 99.9), ("copy", "transformer"): (0.0, 79.8),
+                   ("addition", "terraformer"): (32.4, 86.9), ("addition", "transformer"): (0.0, 36.4)}
+SYNTHETIC_MARGIN = 5.0
 LOWER_IS_BETTER = {"bleu": False, "chrf": False, "valid_loss": True}
 T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
 
@@ -116,10 +121,58 @@ def load_train_speed(results):
         return json.load(f)
 
 
-def report(runs, train_speed=None):
+def synthetic_section(runs, summary):
+    """Terraformer's generalisation tasks: each run's accuracies beside the paper's, and per task the verdict
+    on its claim (the Terraformer generalises to longer numbers, the Transformer does not)."""
+    lines = ["### Terraformer's generalisation (copy and addition, Table 4)", "",
+             "Trained on operands of " + runs[0]["train_digits"] + " digits until the valid set's (in "
+             "distribution) accuracy stopped improving; the checkpoint of the best valid accuracy decodes the "
+             f"test set, operands of {runs[0]['test_digits']} digits (out of distribution); greedy decoding; "
+             "sequence / token accuracy in %; 1 seed, as the paper.", "",
+             "| task | model | parameters | updates | stopped by | valid (in distribution) | test (out of distribution) "
+             "| paper, test |", "|---|---|---|---|---|---|---|---|"]
+    by = {(r["task"], r["model"]): r for r in runs}
+    for task in ("copy", "addition"):
+        for model in ("terraformer", "transformer"):
+            r = by.get((task, model))
+            paper = SYNTHETIC_PAPER[(task, model)]
+            if r is None:
+                lines.append(f"| {task} | {model} | - | - | not run yet | - | - | {paper[0]:.1f} / {paper[1]:.1f} |")
+                continue
+            lines.append(f"| {task} | {model} | {r['parameters'] / 1e6:.2f}M | {r['updates']:,} "
+                         f"(best {r['chosen_updates']:,}) | {r['stopped_by']} | {r['valid']['sequence_accuracy']:.1f} / "
+                         f"{r['valid']['token_accuracy']:.1f} | {r['test']['sequence_accuracy']:.1f} / "
+                         f"{r['test']['token_accuracy']:.1f} | {paper[0]:.1f} / {paper[1]:.1f} |")
+    lines += ["", "| task | claim | Terraformer − Transformer, test token accuracy | verdict |", "|---|---|---|---|"]
+    summary["synthetic"] = []
+    for task in ("copy", "addition"):
+        t, b = by.get((task, "terraformer")), by.get((task, "transformer"))
+        if t is None or b is None:
+            diff, v = None, "not run yet"
+        else:
+            diff = t["test"]["token_accuracy"] - b["test"]["token_accuracy"]
+            if not (t["converged"] and b["converged"]):
+                v = "inconclusive (not converged)"
+            elif diff > SYNTHETIC_MARGIN:
+                v = "holds (1 seed)"
+            else:
+                v = "does not hold (1 seed)"
+        claim = (f"on {task}, the Terraformer generalises to over 2× longer numbers than it trained on, better than "
+                 f"the Transformer (paper, token accuracy at 256-300 digits: {SYNTHETIC_PAPER[(task, 'terraformer')][1]:.1f}"
+                 f" vs {SYNTHETIC_PAPER[(task, 'transformer')][1]:.1f})")
+        lines.append(f"| {task} | {claim} | " + ("-" if diff is None else f"{diff:+.1f} points") + f" | {v} |")
+        summary["synthetic"].append({"task": task, "difference": diff, "verdict": v})
+    return lines
+
+
+def report(runs, train_speed=None, synthetic=None):
     """(markdown, summary dict). train_speed: load_train_speed's benchmark, the source of the training-speed
-    column (the runs' own logs are measured on whichever machine and code each run trained with)."""
+    column (the runs' own logs are measured on whichever machine and code each run trained with).
+    synthetic: the runs of Terraformer's generalisation tasks (their own section)."""
     if not runs:
+        if synthetic:  # only the generalisation tasks ran (--configs copy_transformer,...)
+            summary = {"runs": 0}
+            return "\n".join(synthetic_section(synthetic, summary)), summary
         return "No run has finished yet.", {"runs": 0}
     lr = main_lr(runs)
     lines = []
@@ -209,6 +262,8 @@ def report(runs, train_speed=None):
         lines.append(f"| {paper} | {claim} | {'BLEU' if name == 'bleu' else 'valid loss'} | {diff} | {v} |")
         summary["claims"].append({"config": config, "paper": paper, "claim": claim, "metric": name,
                                   "difference": d, "verdict": v})
+    if synthetic:
+        lines += [""] + synthetic_section(synthetic, summary)
     from .study import PROTOCOLS
 
     want = PROTOCOLS[runs[0].get("protocol", "paper")].seeds
@@ -216,6 +271,8 @@ def report(runs, train_speed=None):
     mains += [c for c in ["one_wide_ffn", "can", "sparse_ffn", "sparse_ffn_qkv", "sas"]
               if runs[0].get("protocol", "paper") == "paper" and c not in mains]
     missing = [f"{c} ({len(groups.get(c, []))}/{want} seeds)" for c in mains if len(groups.get(c, [])) < want]
+    if runs[0].get("protocol", "paper") == "paper" and len(synthetic or []) < len(SYNTHETIC_PAPER):
+        missing.append(f"Terraformer's generalisation tasks ({len(synthetic or [])}/{len(SYNTHETIC_PAPER)} runs)")
     if missing:
         lines += ["", "Not complete yet: " + ", ".join(missing) + ". `examples/study/run.sh runs/study` resumes them."]
     lines += ["", f"{len(runs)} runs; curves of validation loss per update: `valid_curves.png`. Each run's settings, "
@@ -265,8 +322,10 @@ def _replace_between(text, body):
 
 def write_report(results, check=False):
     """Regenerate the study's docs; returns the files that changed (with check=True: would change)."""
-    runs = load_runs(results)
-    body, summary = report(runs, load_train_speed(results))
+    everything = load_runs(results)
+    runs = [r for r in everything if r.get("role") != "synthetic"]
+    synthetic = [r for r in everything if r.get("role") == "synthetic"]
+    body, summary = report(runs, load_train_speed(results), synthetic)
     changed = []
     targets = [os.path.join(results, "README.md")]
     readme = os.path.join(REPO, "README.md")

@@ -4,6 +4,10 @@ number, and long addition; train on inputs of at most 128 digits, test on 256-30
     python -m fairseq_ext.tools.synthetic make --task copy|addition --out DIR [--train 100000]
         [--valid 1000] [--test 1000] [--max-train-digits 128] [--test-digits 256-300] [--seed 1]
     python -m fairseq_ext.tools.synthetic score GENERATE_OUT [--json FILE]
+    python -m fairseq_ext.tools.synthetic flags terraformer|transformer
+
+`flags` prints the model flags of the two models compared (one per line), the ones
+examples/terraformer/synthetic.sh and the reproduction study (fairseq_ext/tools/study.py) train.
 
 `make` writes DIR/{train,valid,test}.{src,tgt}: one example per line, one token per digit separated by
 spaces ("1 2 + 3 4" -> "4 6"), ready for `fairseq-preprocess --joined-dictionary` (a 12-token
@@ -18,6 +22,23 @@ import json
 import os
 import random
 import sys
+
+# Both models at the same dims: 2 + 2 layers, d 256, 4 heads, FFN 1,024, pre-norm, sinusoidal positions.
+DIMS = ["--encoder-layers", "2", "--decoder-layers", "2", "--encoder-embed-dim", "256", "--decoder-embed-dim", "256",
+        "--encoder-ffn-embed-dim", "1024", "--decoder-ffn-embed-dim", "1024", "--encoder-attention-heads", "4",
+        "--decoder-attention-heads", "4", "--share-all-embeddings"]
+# terraformer: terraformer_base's parts (sparse FFN N = 64, sparse QKV S = 8, SRU width 32, reversible,
+# concatenated decoder with two attention layers per block); transformer: fairseq's pre-norm Transformer,
+# the paper's baseline
+MODELS = {"terraformer": ["--arch", "terraformer_base"],
+          "transformer": ["--arch", "transformer", "--encoder-normalize-before", "--decoder-normalize-before"]}
+
+
+def model_flags(model, dims=None):
+    """fairseq-train flags of `model` (terraformer | transformer) at `dims` (default DIMS)."""
+    if model not in MODELS:
+        raise ValueError(f"model {model!r}: choose {' or '.join(MODELS)}")
+    return MODELS[model] + list(DIMS if dims is None else dims)
 
 
 def number(rng: random.Random, digits: int) -> str:
@@ -105,8 +126,13 @@ def main(argv=None):
     s = sub.add_parser("score", help="sequence and token accuracy of a fairseq-generate output")
     s.add_argument("generate_out")
     s.add_argument("--json")
+    f = sub.add_parser("flags", help="the fairseq-train model flags of a compared model, one per line")
+    f.add_argument("model", choices=sorted(MODELS))
     a = p.parse_args(argv)
     try:
+        if a.cmd == "flags":
+            print("\n".join(model_flags(a.model)))
+            return model_flags(a.model)
         if a.cmd == "make":
             counts = make(a.task, a.out, a.train, a.valid, a.test, a.max_train_digits, a.test_digits, a.seed)
             print(json.dumps(counts))
