@@ -44,10 +44,10 @@ def test_reversible_gradients_equal_storing_model(arch, flags, tiny_data):
 
 @pytest.mark.parametrize("arch", ["terraformer_tiny", "terraformer_dense_tiny"])
 def test_reversible_recomputes_under_the_forward_autocast(arch, tiny_data, monkeypatch):
-    """bf16 autocast training (a CPU with native bf16; --amp on a GPU): the backward pass recomputes each swap
+    """Autocast around the forward only (as fairseq's --amp on a GPU): the backward pass recomputes each swap
     in bf16 as the forward ran it, so the gradients are the storing model's up to the last bits of the
-    rebuilt inputs; recomputed in fp32 (autograd runs backward outside autocast) they are off everywhere by
-    bf16's rounding, which this test must tell apart."""
+    rebuilt inputs; recomputed in fp32 (the backward runs outside the autocast region) they are off
+    everywhere by bf16's rounding, which this test must tell apart."""
     import fairseq_ext.modules.reversible as rev_module
 
     _, task, model, criterion = build(tiny_data, arch, extra=["--dropout", "0.0"])

@@ -13,10 +13,11 @@ Two things make the recomputed f_i(b) the forward's f_i(b) (paper §4.2: "recalc
 on the backwards pass leads to worse results"):
 - random state: each swap's CPU/CUDA RNG state is saved before it runs and restored for the
   recomputation (dropout masks, Gumbel noise, the straight-through coin are the same);
-- precision: the forward pass's autocast state (bf16 training on a CPU, --amp on a GPU) is restored for
-  the recomputation, which autograd runs outside any autocast region: otherwise f_i would be recomputed in
-  fp32, a different function from the forward's bf16 one (its gradient, and the input rebuilt from it,
-  would be off by bf16's rounding) and several times slower;
+- precision: the forward pass's autocast state is restored for the recomputation. Where only the forward
+  is autocast (fairseq's --amp on a GPU, whose backward also runs on autograd's device thread, where no
+  autocast is set), f_i would otherwise be recomputed in fp32, a different function from the forward's
+  reduced-precision one (its gradient, and the input rebuilt from it, off by bf16's rounding), and slower.
+  (CPU --bf16 training, fairseq_ext/precision.py, autocasts the whole step, backward included.)
 - discrete decisions: a module that makes one (the sparse FFN's chosen unit per block) passes it through
   `decision(x)`; in the forward pass the value is recorded on the swap's tape, in the recomputation the
   recorded value is returned instead of the recomputed one (whose input was rebuilt by a subtraction and
