@@ -10,8 +10,11 @@
 The Terraformer adds LowRankRecurrence(x) to its FFN sub-layer's output (trax: Residual(block,
 shortcut=ffn)). Padded positions (a padding mask) leave the state unchanged (f = 1, no input), so a
 sequence gives the same states wherever its padding is, as trax's predict-mode mask does.
-Training runs the c_t recurrence as a loop over time on (batch, width) tensors: the width is small
-(32), so each step is a few cheap elementwise ops; incremental decoding keeps c in the incremental state.
+Training runs the c_t recurrence as a loop over time on (batch, width) tensors, in fp32 whatever the
+autocast: the width is small (32), so each step is a few cheap elementwise ops. Its backward is written out
+(`linear_recurrence`): autograd through the loop would give every step's slice of f a gradient the size of
+the whole sequence (quadratic in its length: most of a Terraformer training step at 200 positions).
+Incremental decoding keeps c in the incremental state.
 """
 import math
 from typing import Dict, Optional
@@ -24,6 +27,49 @@ from torch import Tensor, nn
 from .kv_cache import reorder_batch_state
 
 SQRT3 = math.sqrt(3.0)
+
+
+def _recurrence(f: Tensor, u: Tensor, c0: Tensor) -> Tensor:
+    cs = torch.empty_like(u)
+    c = c0
+    for t in range(u.size(0)):
+        c = torch.addcmul(u[t], f[t], c)
+        cs[t] = c
+    return cs
+
+
+class _LinearRecurrence(torch.autograd.Function):
+    """c_t = f_t ⊙ c_{t-1} + u_t over t (SRU Eq. 4). Backward, with g_t the gradient reaching c_t from the
+    output and from c_{t+1}: g_t = dL/dc_t + f_{t+1} ⊙ g_{t+1}; dL/df_t = g_t ⊙ c_{t-1}, dL/du_t = g_t,
+    dL/dc_0 = f_1 ⊙ g_1."""
+
+    @staticmethod
+    def forward(ctx, f, u, c0):
+        cs = _recurrence(f, u, c0)
+        ctx.save_for_backward(f, cs, c0)
+        return cs
+
+    @staticmethod
+    def backward(ctx, grad):
+        f, cs, c0 = ctx.saved_tensors
+        grad_f, grad_u = torch.empty_like(f), torch.empty_like(f)
+        g = torch.zeros_like(c0)
+        for t in range(f.size(0) - 1, -1, -1):
+            g = g + grad[t]  # dL/dc_t + f_{t+1} g_{t+1} (the second term carried from step t+1)
+            grad_u[t] = g
+            torch.mul(g, cs[t - 1] if t > 0 else c0, out=grad_f[t])
+            g = g * f[t]
+        return grad_f, grad_u, g
+
+
+def linear_recurrence(f: Tensor, u: Tensor, c0: Tensor) -> Tensor:
+    """(T, B, D) states c_t = f_t ⊙ c_{t-1} + u_t from c0 (B, D), at least in fp32 (bf16 / fp16 inputs are
+    promoted: the state accumulates over the whole sequence); the backward in O(T)."""
+    dtype = torch.promote_types(torch.promote_types(f.dtype, u.dtype), torch.float32)
+    f, u, c0 = f.to(dtype), u.to(dtype), c0.to(dtype)
+    if torch.is_grad_enabled() and (f.requires_grad or u.requires_grad or c0.requires_grad):
+        return _LinearRecurrence.apply(f, u, c0)
+    return _recurrence(f, u, c0)
 
 
 @with_incremental_state
@@ -48,14 +94,11 @@ class SRU(nn.Module):
             f = f.masked_fill(pad, 1.0)
             u = u.masked_fill(pad, 0.0)
         state = self.get_incremental_state(incremental_state, "state") if incremental_state is not None else None
-        c = state["c"] if state is not None else x.new_zeros(x.size(1), self.dim)
-        cs = []
-        for t in range(x.size(0)):  # Eq. 4
-            c = f[t] * c + u[t]
-            cs.append(c)
+        c0 = state["c"] if state is not None else x.new_zeros(x.size(1), self.dim)
+        cs = linear_recurrence(f, u, c0)  # Eq. 4, fp32
         if incremental_state is not None:
-            self.set_incremental_state(incremental_state, "state", {"c": c})
-        return r * torch.stack(cs) + (1.0 - r) * x * SQRT3  # Eq. 5
+            self.set_incremental_state(incremental_state, "state", {"c": cs[-1]})
+        return r * cs.to(r.dtype) + (1.0 - r) * x * SQRT3  # Eq. 5
 
     @torch.jit.export
     def reorder_incremental_state(self, incremental_state: Dict[str, Dict[str, Optional[Tensor]]], new_order: Tensor):
