@@ -191,36 +191,51 @@ def test_synthetic_convergence_rules():
 
 
 def test_synthetic_tasks_run_resume_and_tabulate(tmp_path):
-    """The study's generalisation stage on the tiny protocol, without a translation corpus: killed once its
-    first valid decoding is recorded, resumed to the end; the decodings are every `interval` updates with
-    none repeated, the kept checkpoint is the best valid one, the test set is decoded, and the table shows
-    the run beside the paper's figures."""
+    """The study's generalisation stage on the tiny protocol, without a translation corpus: killed after its
+    second chunk trained and before that chunk's valid decoding was recorded, resumed to the end: the chunk
+    is not trained again (fairseq-train restarted at its --max-update would take one more update), the
+    decodings are every `interval` updates with none repeated, the kept checkpoint holds the best valid
+    decoding's updates, the test set is decoded with it, and the table shows the run beside the paper's
+    figures."""
+    import re
+
+    import torch
+
     out, results = tmp_path / "study", tmp_path / "results"
     (results / "runs").mkdir(parents=True)
     (results / "README.md").write_text("# Results\n\n<!-- study:results:begin -->\n<!-- study:results:end -->\n")
     cmd = [sys.executable, "-m", "fairseq_ext.tools.study", "run", str(out), "--protocol", "tiny", "--configs",
            "copy_transformer", "--publish", str(results / "runs")]
     save = out / "runs" / "copy_transformer-lr3e-3-s1"
+    s = __import__("fairseq_ext.tools.study", fromlist=["PROTOCOLS"]).PROTOCOLS["tiny"].synthetic
+    second_chunk = f"max_update: {2 * s.interval}"
     with open(tmp_path / "sitting1.log", "w") as log:
         p = subprocess.Popen(cmd, cwd=REPO, env=clean_env(OMP_NUM_THREADS="1"), stdout=log,
                              stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.time() + 600
-        while not (save / "evals.json").exists() and p.poll() is None and time.time() < deadline:
-            time.sleep(0.5)
+        while p.poll() is None and time.time() < deadline and not (
+                (save / "train.log").exists() and second_chunk in (save / "train.log").read_text()):
+            time.sleep(0.1)
         os.killpg(p.pid, signal.SIGKILL)
         p.wait()
-    assert (save / "evals.json").exists(), open(tmp_path / "sitting1.log").read()[-3000:]
-    assert not (results / "runs" / "copy_transformer-lr3e-3-s1.json").exists()
+    assert second_chunk in (save / "train.log").read_text(), open(tmp_path / "sitting1.log").read()[-3000:]
+    assert len(json.loads((save / "evals.json").read_text())) == 1  # killed between training and decoding
     second = run(cmd, OMP_NUM_THREADS="1").stdout
-    assert "Loaded checkpoint" in (save / "train.log").read_text() and "updates 4-8" in second, second[-3000:]
+    train_log = (save / "train.log").read_text()
+    stops = re.findall(r"num_updates: (\d+) >= max_update: (\d+)", train_log)
+    assert stops and all(a == b for a, b in stops), stops  # no chunk trained past its target
     r = json.loads((results / "runs" / "copy_transformer-lr3e-3-s1.json").read_text())
-    s = __import__("fairseq_ext.tools.study", fromlist=["PROTOCOLS"]).PROTOCOLS["tiny"].synthetic
     assert [e["updates"] for e in r["evals"]] == [s.interval * (i + 1) for i in range(len(r["evals"]))]
+    assert len(r["evals"]) >= 2 and f"updates {s.interval}-{2 * s.interval}" in second, second[-3000:]
     assert r["updates"] == r["evals"][-1]["updates"] and r["stopped_by"] in ("perfect", "plateau", "max_updates")
     best = max(r["evals"], key=lambda e: (e["sequence_accuracy"], e["token_accuracy"]))
     assert r["chosen_updates"] == best["updates"] and r["valid"]["token_accuracy"] == best["token_accuracy"]
-    assert r["test"]["examples"] == s.test and r["role"] == "synthetic" and r["parameters"] > 0
-    assert all(e["valid_loss"] is not None for e in r["evals"])
+    kept = [f for f in os.listdir(save) if f.startswith("checkpoint_at")]
+    assert kept == [f"checkpoint_at{best['updates']}.pt"], kept
+    state = torch.load(save / kept[0], map_location="cpu", weights_only=False)
+    assert state["optimizer_history"][-1]["num_updates"] == best["updates"]
+    assert r["test"]["examples"] == s.test and r["valid"]["examples"] == s.valid and r["role"] == "synthetic"
+    assert r["parameters"] > 0 and all(e["valid_loss"] is not None for e in r["evals"])
     assert (out / "results" / f"{r['name']}.json").read_text() == (results / "runs" / f"{r['name']}.json").read_text()
     assert "nothing left to run" in run(cmd, OMP_NUM_THREADS="1").stdout
     run([sys.executable, "-m", "fairseq_ext.tools.study", "table", "--results", str(results)])

@@ -78,7 +78,14 @@ def _rng_state(x: torch.Tensor):
 def _autocast_state(x: torch.Tensor):
     """(device type, enabled, dtype, cache) of autocast for x's device now."""
     dev = x.device.type
-    return dev, torch.is_autocast_enabled(dev), torch.get_autocast_dtype(dev), torch.is_autocast_cache_enabled()
+    try:
+        enabled, dtype = torch.is_autocast_enabled(dev), torch.get_autocast_dtype(dev)
+    except TypeError:  # torch < 2.4: per-device functions
+        if dev == "cpu":
+            enabled, dtype = torch.is_autocast_cpu_enabled(), torch.get_autocast_cpu_dtype()
+        else:
+            enabled, dtype = torch.is_autocast_enabled(), torch.get_autocast_gpu_dtype()
+    return dev, enabled, dtype, torch.is_autocast_cache_enabled()
 
 
 def _restored_autocast(state):

@@ -23,6 +23,7 @@ import torch
 from fairseq.incremental_decoding_utils import with_incremental_state
 from fairseq.modules import LayerNorm
 from torch import Tensor, nn
+from torch.autograd.function import once_differentiable
 
 from .kv_cache import reorder_batch_state
 
@@ -50,6 +51,7 @@ class _LinearRecurrence(torch.autograd.Function):
         return cs
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, grad):
         f, cs, c0 = ctx.saved_tensors
         grad_f, grad_u = torch.empty_like(f), torch.empty_like(f)
@@ -97,7 +99,7 @@ class SRU(nn.Module):
         c0 = state["c"] if state is not None else x.new_zeros(x.size(1), self.dim)
         cs = linear_recurrence(f, u, c0)  # Eq. 4, fp32
         if incremental_state is not None:
-            self.set_incremental_state(incremental_state, "state", {"c": cs[-1]})
+            self.set_incremental_state(incremental_state, "state", {"c": cs[-1].clone()})  # not a view of cs
         return r * cs.to(r.dtype) + (1.0 - r) * x * SQRT3  # Eq. 5
 
     @torch.jit.export

@@ -21,6 +21,7 @@ the committed docs differ from what it would write.
 """
 import argparse
 import fcntl
+import glob
 import json
 import os
 import re
@@ -424,12 +425,25 @@ class Study:
                 open(os.path.join(folder, "bin", "done"), "w").close()
         return os.path.join(folder, "bin")
 
+    @staticmethod
+    def saved_updates(train_log):
+        """Updates of the last checkpoint fairseq-train saved (its "Saved checkpoint ... @ N updates" line,
+        written once checkpoint_last.pt is in place), 0 before any."""
+        if not os.path.exists(train_log):
+            return 0
+        with open(train_log, encoding="utf-8", errors="replace") as f:
+            found = re.findall(r"Saved checkpoint \S+ \(epoch \d+ @ (\d+) updates", f.read())
+        return int(found[-1]) if found else 0
+
     def synthetic_decode(self, data_bin, ckpt, split, out):
         """Greedy decoding of `split` with checkpoint `ckpt`: {examples, sequence_accuracy, token_accuracy}."""
         from .synthetic import read_generate, score
 
         # the answer is at most one digit longer than the longest operand: max length = source length + 2
-        text = sh(["fairseq-generate", data_bin, "--user-dir", os.path.join(REPO, "fairseq_ext"), "--cpu",
+        import torch
+
+        device = [] if torch.cuda.is_available() else ["--cpu"]
+        text = sh(["fairseq-generate", data_bin, "--user-dir", os.path.join(REPO, "fairseq_ext"), *device,
                    "--source-lang", "src", "--target-lang", "tgt", "--gen-subset", split, "--path", ckpt,
                    "--beam", "1", "--max-len-a", "1", "--max-len-b", "2", "--batch-size", "50"])
         with open(out + ".tmp", "w", encoding="utf-8") as f:
@@ -437,12 +451,22 @@ class Study:
         os.replace(out + ".tmp", out)
         return score(read_generate(out))
 
+    def synthetic_chunk(self, c, lr, seed, data_bin, save, train_log, target):
+        """fairseq-train up to `target` updates (from checkpoint_last.pt when there is one)."""
+        s, prec = self.p.synthetic, self.meta["precision"]["flag"]
+        sh(["bash", os.path.join(REPO, "examples/train.sh"), data_bin, save] + c.flags
+           + ["--source-lang", "src", "--target-lang", "tgt", "--label-smoothing", "0", "--lr", lr,
+              "--warmup-updates", str(s.warmup), "--seed", str(seed), "--max-tokens", str(s.max_tokens),
+              "--dropout", str(self.p.dropout), "--no-epoch-checkpoints", "--max-update", str(target)]
+           + ([prec] if prec else []), logfile=train_log, env={"LOG_INTERVAL": "100", "PRECISION": "fp32"})
+
     def do_synthetic(self, config, lr, seed):
         """Train in chunks of s.interval updates; after each, decode the valid set greedily (in distribution)
-        and keep the checkpoint of the best valid accuracy (checkpoint_chosen.pt); stop by
-        synthetic_convergence; decode the test set (out of distribution) with the chosen checkpoint. Every
-        step is resumable: a chunk resumes from checkpoint_last.pt, a decoding already recorded in
-        evals.json is not repeated."""
+        and keep the checkpoint of the best valid accuracy (checkpoint_at{updates}.pt); stop by
+        synthetic_convergence; decode the test set (out of distribution) with the kept checkpoint. Every
+        step is resumable: a chunk resumes from checkpoint_last.pt, a chunk already trained is not trained
+        again (fairseq-train started at --max-update would take one more update), a decoding recorded in
+        evals.json is not repeated, and a kept checkpoint is removed only once evals.json names a better one."""
         from .train_log import parse_train_log
 
         s, c = self.p.synthetic, self.configs[config]
@@ -453,20 +477,18 @@ class Study:
         data_bin = self.synthetic_data(task)
         train_log, clock = os.path.join(save, "train.log"), os.path.join(save, "train_seconds")
         evals_path = os.path.join(save, "evals.json")
-        evals = json.load(open(evals_path)) if os.path.exists(evals_path) else []
-        prec = self.meta["precision"]["flag"]
+        evals = []
+        if os.path.exists(evals_path):
+            with open(evals_path) as f:
+                evals = json.load(f)
         key = lambda e: (e["sequence_accuracy"], e["token_accuracy"])
         while not (stop := synthetic_convergence(evals, s)):
             target = (len(evals) + 1) * s.interval
             log(f"{name}: updates {target - s.interval}-{target}"
                 + (f" (valid sequence accuracy so far {evals[-1]['sequence_accuracy']:.1f}%)" if evals else ""))
             t = time.time()
-            sh(["bash", os.path.join(REPO, "examples/train.sh"), data_bin, save] + c.flags
-               + ["--source-lang", "src", "--target-lang", "tgt", "--label-smoothing", "0", "--lr", lr,
-                  "--warmup-updates", str(s.warmup), "--seed", str(seed), "--max-tokens", str(s.max_tokens),
-                  "--dropout", str(self.p.dropout), "--no-epoch-checkpoints", "--max-update", str(target)]
-               + ([prec] if prec else []), logfile=train_log,
-               env={"LOG_INTERVAL": "100", "PRECISION": "fp32"})
+            if self.saved_updates(train_log) < target:  # else trained before an interruption, not decoded
+                self.synthetic_chunk(c, lr, seed, data_bin, save, train_log, target)
             spent = float(open(clock).read()) if os.path.exists(clock) else 0.0
             with open(clock, "w") as f:
                 f.write(f"{spent + time.time() - t:.1f}")
@@ -474,19 +496,29 @@ class Study:
             r = self.synthetic_decode(data_bin, last, "valid", os.path.join(save, "generate-valid.txt"))
             valid = {int(v["num_updates"]): v for v in parse_train_log(train_log)["valid"]}
             e = {"updates": target, "valid_loss": valid[target]["loss"] if target in valid else None,
-                 "sequence_accuracy": r["sequence_accuracy"], "token_accuracy": r["token_accuracy"]}
-            if not evals or key(e) > max(key(x) for x in evals):  # the best valid accuracy so far
-                shutil.copy(last, os.path.join(save, "chosen.tmp"))
-                os.replace(os.path.join(save, "chosen.tmp"), os.path.join(save, "checkpoint_chosen.pt"))
+                 "sequence_accuracy": r["sequence_accuracy"], "token_accuracy": r["token_accuracy"],
+                 "examples": r["examples"]}
+            better = not evals or key(e) > max(key(x) for x in evals)  # the best valid accuracy so far
+            if better:
+                kept = os.path.join(save, f"checkpoint_at{target}.pt")
+                shutil.copy(last, kept + ".tmp")
+                os.replace(kept + ".tmp", kept)
             evals.append(e)
             with open(evals_path + ".tmp", "w") as f:
                 json.dump(evals, f, indent=1)
             os.replace(evals_path + ".tmp", evals_path)
+            if better:  # evals.json names the new best: the one it replaces can go
+                for old in glob.glob(os.path.join(save, "checkpoint_at*.pt")):
+                    if old != kept:
+                        os.remove(old)
         best = max(evals, key=key)
-        log(f"{name}: stopped after {evals[-1]['updates']} updates ({stop}); the chosen checkpoint "
-            f"({best['updates']} updates) decodes the test set")
-        chosen = os.path.join(save, "checkpoint_chosen.pt")
+        chosen = os.path.join(save, f"checkpoint_at{best['updates']}.pt")
+        log(f"{name}: stopped after {evals[-1]['updates']} updates ({stop}); the checkpoint of the best valid "
+            f"accuracy ({best['updates']} updates) decodes the test set")
         test = self.synthetic_decode(data_bin, chosen, "test", os.path.join(save, "generate-test.txt"))
+        for old in glob.glob(os.path.join(save, "checkpoint_at*.pt")) + [os.path.join(save, "checkpoint_best.pt")]:
+            if old != chosen and os.path.exists(old):  # checkpoint_last.pt and the kept one stay
+                os.remove(old)
         log_ = parse_train_log(train_log)
         wps = [t["wps"] for t in log_["train"] if "wps" in t]
         result = {
@@ -496,7 +528,7 @@ class Study:
             "train_digits": f"1-{s.max_train_digits}", "test_digits": s.test_digits,
             "updates": evals[-1]["updates"], "chosen_updates": best["updates"], "stopped_by": stop,
             "converged": stop in ("perfect", "plateau"), "evals": evals,
-            "valid": {"examples": s.valid, "sequence_accuracy": best["sequence_accuracy"],
+            "valid": {"examples": best["examples"], "sequence_accuracy": best["sequence_accuracy"],
                       "token_accuracy": best["token_accuracy"]},
             "test": test, "train_tokens_per_s": statistics.median(wps) if wps else None,
             "train_seconds": round(float(open(clock).read())) if os.path.exists(clock) else None,
@@ -632,7 +664,8 @@ def main(argv=None):
     r.add_argument("--protocol", choices=sorted(PROTOCOLS), default="paper")
     r.add_argument("--corpus", help="corpus folder (default: the protocol's; required for tiny)")
     r.add_argument("--max-runs", type=int, help="stop after this many new runs")
-    r.add_argument("--configs", help="comma-separated configurations to run (default: all; the baseline always)")
+    r.add_argument("--configs", help="comma-separated configurations to run (default: all; the baseline comes with "
+                                     "any translation configuration, not with the synthetic tasks alone)")
     r.add_argument("--publish", help="also write each run's result file here (default for the paper "
                                      "protocol: docs/results/runs)")
     t = sub.add_parser("table", help="write docs/results from the run files")
