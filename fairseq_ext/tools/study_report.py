@@ -128,7 +128,7 @@ def synthetic_section(runs, summary):
              "Trained on operands of " + runs[0]["train_digits"] + " digits until the valid set's (in "
              "distribution) accuracy stopped improving; the checkpoint of the best valid accuracy decodes the "
              f"test set, operands of {runs[0]['test_digits']} digits (out of distribution); greedy decoding; "
-             "sequence / token accuracy in %; 1 seed, as the paper.", "",
+             "sequence / token accuracy in %; 1 seed (the paper reports one figure per model).", "",
              "| task | model | parameters | updates | stopped by | valid (in distribution) | test (out of distribution) "
              "| paper, test |", "|---|---|---|---|---|---|---|---|"]
     by = {(r["task"], r["model"]): r for r in runs}
