@@ -10,6 +10,8 @@ import subprocess
 import sys
 import time
 
+import torch
+
 from conftest import REPO, clean_env, run
 
 
@@ -61,6 +63,24 @@ def test_study_runs_resumes_and_tabulates(tiny_data, tmp_path):
         assert 0 <= r["bleu"] <= 100 and r["parameters"] > 0 and r["averaged_checkpoints"] == 2
         assert r["valid_curve"][-1][0] == r["updates"]
         assert (out / "results" / f"{name}.json").read_text() == (results / "runs" / f"{name}.json").read_text()
+
+    # the median-BLEU seed of each complete configuration, shipped as make demo expects it
+    from fairseq_ext.compat import load_checkpoint
+
+    shipped = tmp_path / "shipped"
+    run([sys.executable, "-m", "fairseq_ext.tools.study", "ship", "--study", str(out), "--results", str(results),
+         "--out", str(shipped), "--protocol", "tiny"])
+    for config in ("baseline", "one_wide_ffn"):
+        seeds = sorted((r for r in runs.values() if r["config"] == config and r["lr"] == lr),
+                       key=lambda r: (r["bleu"], r["seed"]))
+        assert len(seeds) == 2
+        folder = shipped / f"study-{config}"
+        assert json.loads((folder / "score.json").read_text())["name"] == seeds[0]["name"]  # the lower middle
+        run(["sha256sum", "--quiet", "-c", "SHA256SUMS"], cwd=folder)
+        state = load_checkpoint(str(folder / "checkpoint.pt"))  # weights_only=True, the plugin's safe globals
+        assert "last_optimizer_state" not in state and state["model"]
+        assert all(v.dtype == torch.float16 for v in state["model"].values() if v.is_floating_point())
+        assert "| valid | " in (folder / "train.log").read_text() and seeds[0]["name"] in (folder / "README.md").read_text()
 
     # sitting 3: nothing left, also for a fresh OUT (another clone or machine) that has only the published
     # run files: they count as finished runs

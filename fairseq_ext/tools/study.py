@@ -3,6 +3,7 @@
     python -m fairseq_ext.tools.study run OUT [--protocol paper|tiny] [--corpus DIR] [--max-runs N]
         [--configs NAME,...]
     python -m fairseq_ext.tools.study table [--results docs/results] [--check]
+    python -m fairseq_ext.tools.study ship [--study runs/study] [--results docs/results] [--out shipped]
 
 `run` carries out the protocol of docs/results/README.md in OUT, resumable at any point: a finished run
 is skipped, an interrupted one resumes from its checkpoint_last.pt (exact: fairseq_ext/checkpointing.py),
@@ -17,7 +18,8 @@ addition_transformer) train in chunks of updates until their in-distribution acc
 (`do_synthetic`); `--configs copy_transformer,...` runs only those, without the translation corpus.
 
 `table` writes the tables, curves and verdicts of docs/results from the run files; `--check` fails when
-the committed docs differ from what it would write.
+the committed docs differ from what it would write. `ship` exports the median-BLEU seed of the baseline and
+of each main configuration to shipped/ (fairseq_ext/tools/study_ship.py), for `make demo`.
 """
 import argparse
 import fcntl
@@ -671,6 +673,11 @@ def main(argv=None):
     t = sub.add_parser("table", help="write docs/results from the run files")
     t.add_argument("--results", default=RESULTS)
     t.add_argument("--check", action="store_true", help="fail when the written docs would change")
+    s = sub.add_parser("ship", help="export each complete configuration's median-BLEU seed to shipped/")
+    s.add_argument("--study", default=os.path.join(REPO, "runs", "study"), help="the study's OUT folder")
+    s.add_argument("--results", default=RESULTS)
+    s.add_argument("--out", default=os.path.join(REPO, "shipped"))
+    s.add_argument("--protocol", choices=sorted(PROTOCOLS), default="paper")
     args = p.parse_args(argv)
     if args.cmd == "run":
         protocol = PROTOCOLS[args.protocol]
@@ -684,6 +691,10 @@ def main(argv=None):
         if translation and not (args.corpus or protocol.corpus):
             p.error(f"--protocol {args.protocol} needs --corpus (the translation configurations train on it)")
         Study(args.out, protocol, args.corpus, publish, only).run(args.max_runs)
+    elif args.cmd == "ship":
+        from .study_ship import ship
+
+        ship(args.study, args.results, args.out, PROTOCOLS[args.protocol].seeds)
     else:
         from .study_report import write_report
 

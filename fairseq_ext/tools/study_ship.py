@@ -1,0 +1,97 @@
+"""Ship the study's models: the median-BLEU seed of the baseline and of each main configuration.
+
+    python -m fairseq_ext.tools.study ship [--study runs/study] [--results docs/results] [--out shipped]
+
+For every configuration of role baseline or main that has all the protocol's seeds at the study's learning
+rate, the seed whose test BLEU is the median (the lower of the two middle ones for an even count; ties by
+seed) goes to OUT/study-CONFIG/: its averaged checkpoint as fp16 weights without optimizer state
+(tools/export_checkpoint.py), the SentencePiece model and dictionaries it was trained with, its train/valid
+log lines, its result file (score.json) and SHA256SUMS, which examples/evaluate.sh checks, so `make demo`
+translates with it. A configuration whose seeds are not all finished is skipped (said so); a chosen run
+whose model is not in STUDY/runs (a study carried over from another machine) is an error naming the run.
+"""
+import hashlib
+import json
+import os
+import shutil
+import statistics
+
+from .export_checkpoint import export
+from .study_report import load_runs, main_lr
+
+
+def median_seed(runs):
+    """The run of median test BLEU (lower middle for an even count; ties broken by seed)."""
+    ordered = sorted(runs, key=lambda r: (r["bleu"], r["seed"]))
+    return ordered[(len(ordered) - 1) // 2]
+
+
+def _log_lines(path):
+    """The fairseq-train commands and the per-epoch train / valid summary lines of a run's log."""
+    keep = []
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            if line.startswith("$ ") or " | train | " in line or " | valid | " in line:
+                keep.append(line)
+    return "".join(keep)
+
+
+def ship(study, results, out, seeds):
+    """Writes OUT/study-CONFIG for each complete configuration; returns {config: run name} shipped."""
+    runs = [r for r in load_runs(results) if r.get("role") in ("baseline", "main")]
+    lr = main_lr(runs)
+    groups = {}
+    for r in runs:
+        if r["lr"] == lr:
+            groups.setdefault(r["config"], []).append(r)
+    shipped = {}
+    for config, rs in sorted(groups.items()):
+        if len(rs) < seeds:
+            print(f"{config}: {len(rs)}/{seeds} seeds finished, not shipped yet")
+            continue
+        run = median_seed(rs)
+        src = os.path.join(study, "runs", run["name"])
+        model = os.path.join(src, "averaged.pt")
+        if not os.path.exists(model):
+            raise SystemExit(f"{run['name']}: {model} is missing (the run finished on another machine or in a "
+                             f"sitting whose {study} was not kept); to train it again here, move "
+                             f"{os.path.join(results, 'runs', run['name'] + '.json')} away and rerun the study")
+        dst = os.path.join(out, f"study-{config}")
+        tmp = dst + ".tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        os.makedirs(tmp)
+        export(model, os.path.join(tmp, "checkpoint.pt"), fp16=True)
+        files = ["checkpoint.pt", "spm.model", "dict.en.txt", "dict.de.txt"]
+        for f in files[1:]:
+            shutil.copy(os.path.join(src, f), tmp)
+        with open(os.path.join(tmp, "train.log"), "w", encoding="utf-8") as f:
+            f.write(_log_lines(os.path.join(src, "train.log")))
+        with open(os.path.join(tmp, "score.json"), "w") as f:
+            json.dump(run, f, indent=1)
+        with open(os.path.join(tmp, "SHA256SUMS"), "w") as f:
+            for name in files:
+                with open(os.path.join(tmp, name), "rb") as g:
+                    f.write(f"{hashlib.sha256(g.read()).hexdigest()}  {name}\n")
+        bleus = ", ".join(f"seed {r['seed']} {r['bleu']:.2f}" for r in sorted(rs, key=lambda r: r["seed"]))
+        with open(os.path.join(tmp, "README.md"), "w", encoding="utf-8") as f:
+            f.write(
+                f"# {config} ({run['what']}), EN->DE, the reproduction study's median seed\n\n"
+                f"Run `{run['name']}` of the reproduction study (docs/results/README.md): {run['parameters'] / 1e6:.2f}M "
+                f"parameters, lr {run['lr']}, {run['epochs']} epochs ({run['updates']:,} updates, stopped by "
+                f"{run['stopped_by']}), the average of its last {run['averaged_checkpoints']} epoch checkpoints. "
+                f"Test BLEU of its seeds: {bleus} (mean {statistics.mean(r['bleu'] for r in rs):.2f}); this is "
+                f"the median one: BLEU {run['bleu']:.2f}, chrF {run['chrf']:.2f}.\n\n"
+                "| file | what |\n|---|---|\n"
+                "| checkpoint.pt | fp16 weights (loaded into fp32), no optimizer state (`python -m "
+                "fairseq_ext.tools.export_checkpoint --fp16` of the run's averaged.pt) |\n"
+                "| spm.model, dict.en.txt, dict.de.txt | the study's joint SentencePiece model and dictionary |\n"
+                "| train.log | the fairseq-train commands and per-epoch train/valid lines |\n"
+                "| score.json | the run's result file (settings, curve, scores, sacrebleu signatures) |\n"
+                "| SHA256SUMS | checked by examples/evaluate.sh before use |\n\n"
+                f"Model flags: `{run['flags']}`. Translate and score: `examples/evaluate.sh {dst} data/en-de "
+                "OUT` (`--user-dir fairseq_ext`).\n")
+        shutil.rmtree(dst, ignore_errors=True)
+        os.replace(tmp, dst)
+        shipped[config] = run["name"]
+        print(f"{config}: shipped {run['name']} (BLEU {run['bleu']:.2f}; seeds: {bleus}) to {dst}")
+    return shipped
