@@ -12,8 +12,7 @@ shortcut=ffn)). Padded positions (a padding mask) leave the state unchanged (f =
 sequence gives the same states wherever its padding is, as trax's predict-mode mask does.
 Training runs the c_t recurrence as a loop over time on (batch, width) tensors, in fp32 whatever the
 autocast: the width is small (32), so each step is a few cheap elementwise ops. Its backward is written out
-(`linear_recurrence`): autograd through the loop would give every step's slice of f a gradient the size of
-the whole sequence (quadratic in its length: most of a Terraformer training step at 200 positions).
+(`linear_recurrence`) instead of autograd recording and replaying the loop's per-step ops.
 Incremental decoding keeps c in the incremental state.
 """
 import math

@@ -263,6 +263,13 @@ def dump_result(result):
     return "{\n " + ",\n ".join(f"{json.dumps(k)}: {json.dumps(v)}" for k, v in result.items()) + "\n}\n"
 
 
+def add_seconds(clock, seconds):
+    """Add `seconds` to the running total in the file `clock` (a run's training time over its sittings)."""
+    spent = float(open(clock).read()) if os.path.exists(clock) else 0.0
+    with open(clock, "w") as f:
+        f.write(f"{spent + seconds:.1f}")
+
+
 def git_rev():
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
@@ -401,9 +408,7 @@ class Study:
             log(f"{name}: epoch {len(valid) + 1}" + (f" (valid loss so far {losses[-1]:.3f})" if losses else ""))
             t = time.time()
             sh(self.train_command(config, lr, seed, save, len(valid) + 1), logfile=train_log, env=env)
-            spent = float(open(clock).read()) if os.path.exists(clock) else 0.0
-            with open(clock, "w") as f:
-                f.write(f"{spent + time.time() - t:.1f}")
+            add_seconds(clock, time.time() - t)
         log(f"{name}: stopped after {len(valid)} epochs ({stop}); averaging, validating, translating")
         return self.evaluate(name, config, lr, seed, save, valid, stop)
 
@@ -439,12 +444,12 @@ class Study:
 
     def synthetic_decode(self, data_bin, ckpt, split, out):
         """Greedy decoding of `split` with checkpoint `ckpt`: {examples, sequence_accuracy, token_accuracy}."""
-        from .synthetic import read_generate, score
-
-        # the answer is at most one digit longer than the longest operand: max length = source length + 2
         import torch
 
+        from .synthetic import read_generate, score
+
         device = [] if torch.cuda.is_available() else ["--cpu"]
+        # the answer is at most one digit longer than the longest operand: max length = source length + 2
         text = sh(["fairseq-generate", data_bin, "--user-dir", os.path.join(REPO, "fairseq_ext"), *device,
                    "--source-lang", "src", "--target-lang", "tgt", "--gen-subset", split, "--path", ckpt,
                    "--beam", "1", "--max-len-a", "1", "--max-len-b", "2", "--batch-size", "50"])
@@ -469,6 +474,7 @@ class Study:
         step is resumable: a chunk resumes from checkpoint_last.pt, a chunk already trained is not trained
         again (fairseq-train started at --max-update would take one more update), a decoding recorded in
         evals.json is not repeated, and a kept checkpoint is removed only once evals.json names a better one."""
+        from ..checkpointing import atomic_copy
         from .train_log import parse_train_log
 
         s, c = self.p.synthetic, self.configs[config]
@@ -491,9 +497,7 @@ class Study:
             t = time.time()
             if self.saved_updates(train_log) < target:  # else trained before an interruption, not decoded
                 self.synthetic_chunk(c, lr, seed, data_bin, save, train_log, target)
-            spent = float(open(clock).read()) if os.path.exists(clock) else 0.0
-            with open(clock, "w") as f:
-                f.write(f"{spent + time.time() - t:.1f}")
+            add_seconds(clock, time.time() - t)
             last = os.path.join(save, "checkpoint_last.pt")
             r = self.synthetic_decode(data_bin, last, "valid", os.path.join(save, "generate-valid.txt"))
             valid = {int(v["num_updates"]): v for v in parse_train_log(train_log)["valid"]}
@@ -503,8 +507,7 @@ class Study:
             better = not evals or key(e) > max(key(x) for x in evals)  # the best valid accuracy so far
             if better:
                 kept = os.path.join(save, f"checkpoint_at{target}.pt")
-                shutil.copy(last, kept + ".tmp")
-                os.replace(kept + ".tmp", kept)
+                atomic_copy(last, kept)
             evals.append(e)
             with open(evals_path + ".tmp", "w") as f:
                 json.dump(evals, f, indent=1)
@@ -522,7 +525,6 @@ class Study:
             if old != chosen and os.path.exists(old):  # checkpoint_last.pt and the kept one stay
                 os.remove(old)
         log_ = parse_train_log(train_log)
-        wps = [t["wps"] for t in log_["train"] if "wps" in t]
         result = {
             "name": name, "config": config, "paper": c.paper, "role": c.role, "what": c.what, "task": task,
             "model": config.split("_", 1)[1], "lr": lr, "warmup": s.warmup, "seed": seed,
@@ -532,16 +534,24 @@ class Study:
             "converged": stop in ("perfect", "plateau"), "evals": evals,
             "valid": {"examples": best["examples"], "sequence_accuracy": best["sequence_accuracy"],
                       "token_accuracy": best["token_accuracy"]},
-            "test": test, "train_tokens_per_s": statistics.median(wps) if wps else None,
-            "train_seconds": round(float(open(clock).read())) if os.path.exists(clock) else None,
-            "precision": self.meta["precision"]["precision"], "cpu": self.meta["precision"].get("cpu"),
-            "threads": int(os.environ.get("OMP_NUM_THREADS", 0)) or os.cpu_count(),
-            "git": git_rev(), "finished": time.strftime("%Y-%m-%d %H:%M"),
+            "test": test, **self.run_facts(save, log_),
         }
         self.publish_result(name, result)
         log(f"{name}: valid {best['sequence_accuracy']:.1f}% / {best['token_accuracy']:.1f}%, test "
             f"{test['sequence_accuracy']:.1f}% / {test['token_accuracy']:.1f}% (sequences / tokens)")
         return result
+
+    def run_facts(self, save, log_):
+        """The last fields of a run's result: training speed and time, machine, code version, date."""
+        wps = [t["wps"] for t in log_["train"] if "wps" in t]
+        clock = os.path.join(save, "train_seconds")
+        return {
+            "train_tokens_per_s": statistics.median(wps) if wps else None,
+            "train_seconds": round(float(open(clock).read())) if os.path.exists(clock) else None,
+            "precision": self.meta["precision"]["precision"], "cpu": self.meta["precision"].get("cpu"),
+            "threads": int(os.environ.get("OMP_NUM_THREADS", 0)) or os.cpu_count(),
+            "git": git_rev(), "finished": time.strftime("%Y-%m-%d %H:%M"),
+        }
 
     def publish_result(self, name, result):
         for path in [os.path.join(self.results, name + ".json")] + (
@@ -576,7 +586,6 @@ class Study:
         with open(os.path.join(ev, "score.json")) as f:
             score = json.load(f)
         log_ = parse_train_log(os.path.join(save, "train.log"))
-        wps = [t["wps"] for t in log_["train"] if "wps" in t]
         c = self.configs[config]
         result = {
             "name": name, "config": config, "paper": c.paper, "role": c.role, "what": c.what, "lr": lr,
@@ -591,12 +600,7 @@ class Study:
             "bleu": score["bleu"], "chrf": score["chrf"], "bleu_signature": score.get("bleu_signature"),
             "chrf_signature": score.get("chrf_signature"),
             "decode_sentences_per_s": (score.get("speed") or {}).get("sentences_per_s"),
-            "train_tokens_per_s": statistics.median(wps) if wps else None,
-            "train_seconds": round(float(open(os.path.join(save, "train_seconds")).read()))
-            if os.path.exists(os.path.join(save, "train_seconds")) else None,
-            "precision": self.meta["precision"]["precision"], "cpu": self.meta["precision"].get("cpu"),
-            "threads": int(os.environ.get("OMP_NUM_THREADS", 0)) or os.cpu_count(),
-            "git": git_rev(), "finished": time.strftime("%Y-%m-%d %H:%M"),
+            **self.run_facts(save, log_),
         }
         self.publish_result(name, result)
         for f in [f for _, f in epochs] + ["checkpoint_best.pt"]:  # averaged.pt and checkpoint_last.pt stay
