@@ -13,7 +13,7 @@ from matrix import build, fixed_batch
 SERVED = ["transformer_tiny", "transformer_balanced_tiny", "one_wide_ffn_tiny", "one_wide_ffn_cycle_tiny",
           "one_wide_sparse_ffn_tiny", "scaling_sparse_ff_tiny", "scaling_sparse_qkv_tiny", "scaling_sparse_tiny",
           "scaling_sparse_loss_tiny", "can_decoder_tiny", "can_decoder_attention_tiny", "can_decoder_ffn_tiny",
-          "sas_block_tiny", "sas_block_nonorm_tiny"]
+          "sas_block_tiny", "sas_block_nonorm_tiny", "terraformer_tiny", "terraformer_dense_tiny"]
 
 
 def _sharpened(tiny_data, arch, flags=()):
@@ -79,7 +79,7 @@ def test_search_options_are_fairseqs(tiny_data):
     _compare(model, task, sample, beam_size=4, min_len=5, no_repeat_ngram_size=2, unk_penalty=0.5, max_len_b=9)
 
 
-@pytest.mark.parametrize("arch", ["terraformer_tiny"])
+@pytest.mark.parametrize("arch", ["terraformer_lsh_tiny"])
 @pytest.mark.parametrize("beam,bsz", [(5, 1), (3, 4)])
 def test_other_archs_take_the_generic_mode_with_fairseqs_hypotheses(arch, beam, bsz, tiny_data):
     """Archs no Stepper serves say why, and decode with their own incremental step
@@ -94,7 +94,7 @@ def test_other_archs_take_the_generic_mode_with_fairseqs_hypotheses(arch, beam, 
 
 
 @pytest.mark.parametrize("arch", ["transformer_tiny", "can_decoder_tiny", "can_decoder_attention_tiny",
-                                  "can_decoder_ffn_tiny", "sas_block_tiny"])
+                                  "can_decoder_ffn_tiny", "sas_block_tiny", "terraformer_dense_tiny"])
 def test_int8_quantizes_the_decoder_and_decodes_as_fairseq_on_the_quantized_model(arch, tiny_data):
     """--int8: the decoder's Linear layers become Int8Linear layers (the encoder stays fp32) and the fast step
     gives the hypotheses fairseq's own step gives on the same quantized model."""
@@ -108,11 +108,13 @@ def test_int8_quantizes_the_decoder_and_decodes_as_fairseq_on_the_quantized_mode
     if arch == "can_decoder_tiny":
         assert all(isinstance(f, QLinear) for f in stepper.x_int8)
     assert isinstance(model.decoder.output_projection, QLinear)
-    assert sum(isinstance(m, QLinear) for m in model.decoder.layers.modules()) >= 4 * len(model.decoder.layers)
+    tf = arch.startswith("terraformer")  # (its swaps: attention in/out projections; FFN, SRU down/proj/up)
+    layers = model.decoder.stack.blocks if tf else model.decoder.layers
+    assert sum(isinstance(m, QLinear) for m in layers.modules()) >= (2 if tf else 4) * len(layers)
     assert not any(isinstance(m, QLinear) for m in model.encoder.modules())  # the encoder stays fp32
 
 
-@pytest.mark.parametrize("arch", SERVED + ["terraformer_tiny"])
+@pytest.mark.parametrize("arch", SERVED + ["terraformer_lsh_tiny"])
 def test_bf16_rounds_the_weights_and_decodes_as_fairseq_on_the_rounded_model(arch, tiny_data, caplog):
     """bf16=True (fairseq-ext-generate --bf16 on a CPU): every weight is rounded to bfloat16 in place, the
     step's products read bfloat16 copies (exactly the rounded values), and the hypotheses are fairseq's on

@@ -28,8 +28,9 @@ Supported (steppers.py): one model whose decoder is fairseq's TransformerDecoder
 kind: fairseq's Transformer layers (stock transformer, transformer_balanced, every One Wide FFN placement
 incl. layers without FFN, the sparse FFN of scaling_sparse_ff / one_wide_sparse_ffn, the sparse QKV of
 scaling_sparse / _qkv; MultiheadAttention without bias_kv / zero_attn, no cross-self-attention, head
-scaling, attention LayerNorm or adaptive softmax), CAN layers (every --can-compress) or SAS blocks. Other
-incremental encoder-decoders (Terraformer) take the generic mode
+scaling, attention LayerNorm or adaptive softmax), CAN layers (every --can-compress) or SAS blocks; the
+Terraformer's decoder (terraformer_stepper.py) unless its attention is LSH. Other incremental
+encoder-decoders (the Terraformer with LSH attention) take the generic mode
 (`OwnStepEnsembleModel`: their own step, the kernel output projection, the two-stage top-k) with a
 one-line notice saying why (`unsupported_reason`); ensembles use fairseq's step.
 """
@@ -99,7 +100,7 @@ def own_step_reason(models) -> Optional[str]:
 
 
 class OwnStepEnsembleModel(EncoderMixin, EnsembleModel):
-    """For incremental decoders no Stepper serves (the CAN ablations, Terraformer): the model's own
+    """For incremental decoders no Stepper serves (the Terraformer with LSH attention): the model's own
     incremental step (`extract_features`), then the output projection through ops.few_rows_linear when
     it is fairseq's plain Linear output layer (the largest single read of a small decoder's step:
     32,000 x d). With TwoStageBeamSearch this is the fast path's generic mode; the arithmetic is the

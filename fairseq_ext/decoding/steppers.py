@@ -22,7 +22,8 @@ of self-attention written in place into buffers that double when full (modules/k
 cross-attention keys/values of fairseq's MultiheadAttention computed once per sentence, stored per
 sentence and re-indexed only when finished sentences leave the batch. Decoders whose Linear layers were
 quantized to int8 (fast_generator.quantize_decoder_int8) run the same steps with the quantized modules.
-`stepper_for(models)` picks the class, or says in one line why none serves the models.
+The Terraformer's step (its decoder is not fairseq's TransformerDecoderBase) is terraformer_stepper.py's,
+built on `Stepper`. `stepper_for(models)` picks the class, or says in one line why none serves the models.
 """
 from typing import Dict, List, Optional, Tuple, Type
 
@@ -36,6 +37,7 @@ from torch import Tensor, nn
 
 from ..models.can import CANDecoderLayer
 from ..models.sas import SASDecoderLayer
+from ..models.terraformer import TerraformerDecoder
 from ..modules.fused_linear import FusedLinearWeights
 from ..modules.kv_cache import reorder_written_cache, write_to_cache
 from ..modules.multiplicative import SparseQKVAttention, conv_last_step, conv_patch_matrix
@@ -100,6 +102,13 @@ class Stepper:
     def start(self, encoder_out: Dict[str, List[Tensor]]):
         """The per-sentence encoder output (fairseq expands it to every beam row) and every layer's
         cross-attention cache."""
+        enc, pad = self._per_sentence(encoder_out)
+        self.caches = [{} for _ in self.dec.layers]
+        self._start_layers(enc, pad)
+
+    def _per_sentence(self, encoder_out: Dict[str, List[Tensor]]) -> Tuple[Tensor, Optional[Tensor]]:
+        """The encoder output (S, sentences, d) and padding (sentences, S) or None, one copy per sentence
+        (fairseq expands them to every beam row); sets `rows`, the hypotheses per sentence."""
         enc = encoder_out["encoder_out"][0]  # (S, B*beam, d)
         pad = encoder_out["encoder_padding_mask"][0] if encoder_out["encoder_padding_mask"] else None
         self.rows = self.beam if enc.size(1) % self.beam == 0 else 1  # hypotheses per encoder row
@@ -107,9 +116,7 @@ class Stepper:
             enc = enc.view(enc.size(0), -1, self.rows, enc.size(2))[:, :, 0, :]
             if pad is not None:
                 pad = pad.view(-1, self.rows, pad.size(1))[:, 0, :]
-        pad = pad if pad is not None and pad.any() else None
-        self.caches = [{} for _ in self.dec.layers]
-        self._start_layers(enc, pad)
+        return enc, (pad if pad is not None and pad.any() else None)
 
     def _start_layers(self, enc: Tensor, pad: Optional[Tensor]):
         raise NotImplementedError
@@ -543,6 +550,11 @@ def stepper_for(models) -> Tuple[Optional[Type[Stepper]], Optional[str]]:
         return None, "ensembles of several models"
     model = models[0]
     dec = getattr(model, "decoder", None)
+    if isinstance(dec, TerraformerDecoder) and hasattr(model, "encoder"):
+        from .terraformer_stepper import TerraformerStepper  # (it builds on Stepper, defined here)
+
+        reason = TerraformerStepper.model_reason(model)
+        return (TerraformerStepper, None) if reason is None else (None, reason)
     if not isinstance(dec, TransformerDecoderBase) or not hasattr(model, "encoder"):
         return None, f"decoder {type(dec).__name__} (only encoder-decoders with fairseq Transformer decoders)"
     if dec.adaptive_softmax is not None or dec.cross_self_attention or dec.quant_noise is not None:
