@@ -63,12 +63,17 @@ def test_same_hypotheses_as_sequence_generator(arch, beam, bsz, lenpen, tiny_dat
     _compare(model, task, fixed_batch(task, n=bsz), beam_size=beam, len_penalty=lenpen)
 
 
-@pytest.mark.parametrize("flags", [["--sparse-qkv-module-kernel", "1"], ["--sparse-qkv-kernel", "1"],
-                                   ["--sparse-qkv-kernel", "4", "--sparse-qkv-module-kernel", "5"]])
-def test_sparse_qkv_step_other_kernels(flags, tiny_data):
+@pytest.mark.parametrize("arch,flags", [
+    ("scaling_sparse_tiny", ["--sparse-qkv-module-kernel", "1"]), ("scaling_sparse_tiny", ["--sparse-qkv-kernel", "1"]),
+    ("scaling_sparse_tiny", ["--sparse-qkv-kernel", "4", "--sparse-qkv-module-kernel", "5"]),
+    ("terraformer_tiny", ["--sparse-qkv-kernel", "1"]),
+    ("terraformer_tiny", ["--sparse-qkv-kernel", "4", "--sparse-qkv-module-kernel", "5", "--sru-layers", "2"]),
+    ("terraformer_tiny", ["--sru-dim", "0", "--decoder-attention-layers", "1"])])
+def test_sparse_qkv_step_other_kernels(arch, flags, tiny_data):
     """The sparse QKV step's convolution as one product over (F steps x K modules) patches: other length
-    and module kernels than the tiny archs' (F = 1: no conv state; K = 1: no module padding)."""
-    task, model = _sharpened(tiny_data, "scaling_sparse_tiny", flags)
+    and module kernels than the tiny archs' (F = 1: no conv state; K = 1: no module padding); for the
+    Terraformer stepper also two SRU layers, and no recurrence with one attention swap per block."""
+    task, model = _sharpened(tiny_data, arch, flags)
     _compare(model, task, fixed_batch(task, n=8), beam_size=5)
 
 
