@@ -19,7 +19,7 @@ Every Linear layer reads through Stepper._linear (ops.few_rows_linear at 3-16 ro
 --bf16; --int8's quantized layers as they are). The arithmetic is the model's: hypotheses are fairseq's
 (tests/test_fast_generator.py). LSH attention keeps the generic mode (its decoding step is the model's).
 """
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional
 
 import torch
 from fairseq import utils
@@ -92,7 +92,7 @@ class TerraformerStepper(Stepper):
         keys and the hypothesis' target keys (this one written in place first). (B, H·d_h)."""
         bsz, heads, dh = q.shape
         src = self.cross[self.attn_index[j]]
-        kbuf, vbuf, n = self._write(j, k, v)
+        kbuf, vbuf, n = write_to_cache(self.caches[self.attn_index[j]], k, v)
         kv_bsz, s = src["k"].size(0) // heads, src["k"].size(1)
         rows = bsz // kv_bsz
         q_src = q.view(kv_bsz, rows, heads, dh).transpose(1, 2).reshape(kv_bsz * heads, rows, dh)
@@ -109,9 +109,6 @@ class TerraformerStepper(Stepper):
         p_tgt = p_tgt.reshape(kv_bsz, heads, rows, n).transpose(1, 2).reshape(bsz * heads, 1, n)
         ctx = ctx + torch.bmm(p_tgt, vbuf[:, :, :n].reshape(bsz * heads, n, dh)).view(bsz, heads, dh)
         return ctx.reshape(bsz, heads * dh)
-
-    def _write(self, j: int, k: Tensor, v: Tensor) -> Tuple[Tensor, Tensor, int]:
-        return write_to_cache(self.caches[self.attn_index[j]], k, v)
 
     def _attention_swap(self, j: int, swap: AttentionSwap, x: Tensor) -> Tensor:
         att, h = swap.attn, swap.norm(x)
