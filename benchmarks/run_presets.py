@@ -134,9 +134,11 @@ PRESETS = {
                               "transformer+bf16", "sas_block+fast", "sas_block+bf16"],
                              ["--beam", "5", "--repeats", "3"]),
     # Terraformer decoding vs Transformer Big and the Scaling Transformer (paper §4.4: 0.086 s vs 0.061 s
-    # per token for Terraformer vs the sparse Transformer), unbatched greedy decoding
-    "decode_terraformer": (decode_speed, "transformer_wmt_en_de_big", ["scaling_sparse", "terraformer"],
-                           ["--beam", "1"]),
+    # per token for Terraformer vs the sparse Transformer), unbatched greedy decoding, with fairseq's
+    # generator and on the fast path
+    "decode_terraformer": (decode_speed, "transformer_wmt_en_de_big",
+                           ["scaling_sparse", "terraformer", "transformer_wmt_en_de_big+fast", "scaling_sparse+fast",
+                            "terraformer+fast"], ["--beam", "1"]),
 }
 
 
