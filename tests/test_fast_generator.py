@@ -68,12 +68,17 @@ def test_same_hypotheses_as_sequence_generator(arch, beam, bsz, lenpen, tiny_dat
     ("scaling_sparse_tiny", ["--sparse-qkv-kernel", "4", "--sparse-qkv-module-kernel", "5"]),
     ("terraformer_tiny", ["--sparse-qkv-kernel", "1"]),
     ("terraformer_tiny", ["--sparse-qkv-kernel", "4", "--sparse-qkv-module-kernel", "5", "--sru-layers", "2"]),
-    ("terraformer_tiny", ["--sru-dim", "0", "--decoder-attention-layers", "1"])])
+    ("terraformer_tiny", ["--sru-dim", "0", "--decoder-attention-layers", "1"]),
+    ("terraformer_tiny", ["--sparse-loss", "4", "--sparse-qkv-kernel", "2"])])
 def test_sparse_qkv_step_other_kernels(arch, flags, tiny_data):
     """The sparse QKV step's convolution as one product over (F steps x K modules) patches: other length
     and module kernels than the tiny archs' (F = 1: no conv state; K = 1: no module padding); for the
-    Terraformer stepper also two SRU layers, and no recurrence with one attention swap per block."""
+    Terraformer stepper also two SRU layers, no recurrence with one attention swap per block, and the sparse
+    loss layer as its output projection."""
+    from fairseq_ext.modules.multiplicative import SparseOutputProjection
+
     task, model = _sharpened(tiny_data, arch, flags)
+    assert isinstance(model.decoder.output_projection, SparseOutputProjection) == ("--sparse-loss" in flags)
     _compare(model, task, fixed_batch(task, n=8), beam_size=5)
 
 
