@@ -60,18 +60,17 @@ def ship(study, results, out, seeds):
         tmp = dst + ".tmp"
         shutil.rmtree(tmp, ignore_errors=True)
         os.makedirs(tmp)
-        export(model, os.path.join(tmp, "checkpoint.pt"), fp16=True)
-        files = ["checkpoint.pt", "spm.model", "dict.en.txt", "dict.de.txt"]
-        for f in files[1:]:
-            shutil.copy(os.path.join(src, f), tmp)
+        digests = {"checkpoint.pt": export(model, os.path.join(tmp, "checkpoint.pt"), fp16=True)[2]}
+        for name in ("spm.model", "dict.en.txt", "dict.de.txt"):
+            shutil.copy(os.path.join(src, name), tmp)
+            with open(os.path.join(tmp, name), "rb") as g:
+                digests[name] = hashlib.sha256(g.read()).hexdigest()
         with open(os.path.join(tmp, "train.log"), "w", encoding="utf-8") as f:
             f.write(_log_lines(os.path.join(src, "train.log")))
         with open(os.path.join(tmp, "score.json"), "w") as f:
             json.dump(run, f, indent=1)
-        with open(os.path.join(tmp, "SHA256SUMS"), "w") as f:
-            for name in files:
-                with open(os.path.join(tmp, name), "rb") as g:
-                    f.write(f"{hashlib.sha256(g.read()).hexdigest()}  {name}\n")
+        with open(os.path.join(tmp, "SHA256SUMS"), "w") as f:  # (export() returns the checkpoint's digest)
+            f.writelines(f"{digest}  {name}\n" for name, digest in digests.items())
         bleus = ", ".join(f"seed {r['seed']} {r['bleu']:.2f}" for r in sorted(rs, key=lambda r: r["seed"]))
         with open(os.path.join(tmp, "README.md"), "w", encoding="utf-8") as f:
             f.write(
