@@ -255,9 +255,9 @@ def report(runs, train_speed=None, synthetic=None):
         if d is None:
             diff = "-"
         elif name == "valid_loss":
-            diff = f"{100 * d[0]:+.1f}%" + (f" ± {100 * d[1]:.1f}%" if d[1] is not None else "") + f" ({d[2]} seeds)"
+            diff = f"{100 * d[0]:+.1f}%" + (f" ± {100 * d[1]:.1f}%" if d[1] is not None else "") + f" ({d[2]} seed{'s' * (d[2] != 1)})"
         else:
-            diff = f"{d[0]:+.2f}" + (f" ± {d[1]:.2f}" if d[1] is not None else "") + f" BLEU ({d[2]} seeds)"
+            diff = f"{d[0]:+.2f}" + (f" ± {d[1]:.2f}" if d[1] is not None else "") + f" BLEU ({d[2]} seed{'s' * (d[2] != 1)})"
         v = verdict(d, name)
         lines.append(f"| {paper} | {claim} | {'BLEU' if name == 'bleu' else 'valid loss'} | {diff} | {v} |")
         summary["claims"].append({"config": config, "paper": paper, "claim": claim, "metric": name,
@@ -299,7 +299,7 @@ def curves(runs, lr, path):
         xs = [statistics.mean(r["valid_curve"][i][0] for r in rs) for i in range(n)]
         ys = [[r["valid_curve"][i][1] for r in rs] for i in range(n)]
         mean = [statistics.mean(y) for y in ys]
-        line, = ax.plot(xs, mean, label=f"{config} ({len(rs)} seeds)", lw=2 if config == "baseline" else 1)
+        line, = ax.plot(xs, mean, label=f"{config} ({len(rs)} seed{'s' * (len(rs) != 1)})", lw=2 if config == "baseline" else 1)
         if len(rs) > 1:
             ax.fill_between(xs, [min(y) for y in ys], [max(y) for y in ys], color=line.get_color(), alpha=0.2)
     ax.set_xlabel("updates")
