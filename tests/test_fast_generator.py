@@ -13,7 +13,8 @@ from matrix import build, fixed_batch
 SERVED = ["transformer_tiny", "transformer_balanced_tiny", "one_wide_ffn_tiny", "one_wide_ffn_cycle_tiny",
           "one_wide_sparse_ffn_tiny", "scaling_sparse_ff_tiny", "scaling_sparse_qkv_tiny", "scaling_sparse_tiny",
           "scaling_sparse_loss_tiny", "can_decoder_tiny", "can_decoder_attention_tiny", "can_decoder_ffn_tiny",
-          "sas_block_tiny", "sas_block_nonorm_tiny", "terraformer_tiny", "terraformer_dense_tiny"]
+          "sas_block_tiny", "sas_block_nonorm_tiny", "sas_block_preln_decoder_tiny", "terraformer_tiny",
+          "terraformer_dense_tiny"]
 
 
 def _sharpened(tiny_data, arch, flags=()):

@@ -3,7 +3,8 @@ language-model setting (`sas_lm`, `sas_p_lm`, `sas_p_nonorm_lm`, baseline `preln
 
 Blocks (fairseq_ext/modules/shaped_attention.py): shaped attention with identity values/projection and
 no attention skip; SAS = sequential with the MLP skip scaled by β_FF, SAS-P = parallel with no skip.
-Per side, --sas-encoder-block / --sas-decoder-block {sas,sas_p}; --sas-no-norm keeps RMSNorm only in the
+Per side, --sas-encoder-block / --sas-decoder-block {sas,sas_p,preln} (preln: the Pre-LN Transformer layer and
+final LayerNorm of the baseline, to put simplified blocks on one side only); --sas-no-norm keeps RMSNorm only in the
 first layer (and the final norm); the first layer's values are W_V = I + W (W zero-initialised), as in
 the official code.
 
@@ -32,7 +33,7 @@ FLAG_RANGES = {"sas_beta_ff_init": Range(low=0.0, high=10.0), "decoder_input_dim
                "character_embedding_dim": DIM, "char_embedder_highway_layers": Range(low=0, integer=True),
                "adaptive_input_factor": Range(above=0.0)}
 
-BLOCKS = ("sas", "sas_p")
+BLOCKS = ("sas", "sas_p", "preln")  # preln: fairseq's pre-norm Transformer layer (the baseline's)
 BASELINES = {"sas_block": "transformer", "sas_block_tiny": "transformer_tiny", "sas_lm": "preln_lm",
              "sas_p_lm": "preln_lm", "sas_p_nonorm_lm": "preln_lm"}
 
@@ -41,9 +42,11 @@ def add_sas_args(parser, encoder=True):
     """The family's flags; a decoder-only LM (encoder=False) has no --sas-encoder-block to set."""
     g = parser.add_argument_group("Simplified Transformer blocks (SAS / SAS-P)")
     if encoder:
-        g.add_argument("--sas-encoder-block", choices=BLOCKS, help="encoder block (default sas_p)")
+        g.add_argument("--sas-encoder-block", choices=BLOCKS,
+                       help="encoder block (default sas_p; preln: the baseline's Pre-LN layer)")
     g.add_argument("--sas-decoder-block", choices=BLOCKS,
-                   help="decoder block (default sas; sas_p only for decoder-only LMs: no cross-attention)")
+                   help="decoder block (default sas; sas_p only for decoder-only LMs: no cross-attention; "
+                        "preln: the baseline's Pre-LN layer)")
     g.add_argument("--sas-no-norm", action="store_true",
                    help="no normalisation except in the first layer and the final norm")
     g.add_argument("--sas-beta-ff-init", type=float, metavar="B", help="initial MLP branch gain β_FF (default 0.1)")
@@ -135,10 +138,12 @@ class SASEncoder(TransformerEncoderBase):
     def __init__(self, args, dictionary, embed_tokens):
         self.args = args
         super().__init__(TransformerConfig.from_namespace(args), dictionary, embed_tokens)
-        if self.layer_norm is not None:
+        if self.layer_norm is not None and args.sas_encoder_block != "preln":
             self.layer_norm = RMSNorm(embed_tokens.embedding_dim)
 
     def build_encoder_layer(self, cfg):
+        if self.args.sas_encoder_block == "preln":
+            return super().build_encoder_layer(cfg)
         index = _next_layer_index(self)
         return SASEncoderLayer(_block(cfg, self.args, "encoder", index, causal=False))
 
@@ -148,10 +153,12 @@ class SASDecoder(TransformerDecoderBase):
         self.args = args
         super().__init__(TransformerConfig.from_namespace(args), dictionary, embed_tokens,
                          no_encoder_attn=no_encoder_attn)
-        if self.layer_norm is not None:
+        if self.layer_norm is not None and args.sas_decoder_block != "preln":
             self.layer_norm = RMSNorm(self.output_embed_dim)
 
     def build_decoder_layer(self, cfg, no_encoder_attn=False):
+        if self.args.sas_decoder_block == "preln":
+            return super().build_decoder_layer(cfg, no_encoder_attn)
         index = _next_layer_index(self)
         cross = None
         if not no_encoder_attn:
@@ -220,6 +227,13 @@ def sas_block_tiny(args):
     """Test size: d=64, 4 heads, MLP 128, 2/2 layers."""
     tiny_dims(args, ffn_dim=128, encoder_layers=2, decoder_layers=2)
     sas_block(args)
+
+
+@register_model_architecture("sas_block", "sas_block_preln_decoder_tiny")
+def sas_block_preln_decoder_tiny(args):
+    """Test size of SAS-P encoder blocks under the baseline's Pre-LN decoder (SAS on one side only)."""
+    args.sas_decoder_block = getattr(args, "sas_decoder_block", None) or "preln"
+    sas_block_tiny(args)
 
 
 @register_model_architecture("sas_block", "sas_block_nonorm_tiny")

@@ -170,6 +170,11 @@ def configs(p):
         Config("sparse_ffn_128", "scaling_sparse", "ablation", "top-1-of-128 sparse FFN",
                ["--arch", "scaling_sparse_ff", *ffn(f), "--sparse-ffn-block-size", str(min(128, f)), *big_defaults]),
         Config("sas", "sas", "main", "SAS-P encoder, SAS decoder", ["--arch", "sas_block", *ffn(f)]),
+        # the SAS diagnosis (docs/sas/README.md): the paper's blocks have no cross-attention, so the SAS decoder
+        # with its pre-norm cross-attention sub-block is ours; SAS-P encoder blocks under the baseline's own
+        # Pre-LN decoder tell whether the gap to the baseline comes from the paper's block or from that decoder
+        Config("sas_encoder", "sas", "diagnosis", "SAS-P encoder, the baseline's Pre-LN decoder",
+               ["--arch", "sas_block", *ffn(f), "--sas-decoder-block", "preln"]),
         Config("sas_sequential", "sas", "ablation", "SAS encoder and decoder",
                ["--arch", "sas_block", *ffn(f), "--sas-encoder-block", "sas"]),
         Config("sas_nonorm", "sas", "ablation", "SAS-P encoder, SAS decoder, no norm",
