@@ -120,7 +120,7 @@ def bf16_saving(gen):
     model = gen.model
     stepper = getattr(model, "stepper", None)
     if stepper is not None:
-        return 2 * sum(c[2].numel() for c in stepper._bf16.values())
+        return 2 * sum(c[2].numel() for store in (stepper._bf16, stepper._bf16_rows) for c in store.values())
     weight = getattr(model, "output_weight", None)  # the generic mode: its output projection
     return 2 * weight.numel() if weight is not None else 0
 

@@ -9,6 +9,11 @@ namespace fairseq_ext {
 // Shapes, dtypes and devices of few_rows_linear's arguments; throws naming the argument.
 void check_few_rows_linear_args(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias);
 
+// few_rows_linear_packed's: packed is 1-D with out_features x in_features values, panel >= 1, and the
+// rest as few_rows_linear's with packed viewed as (out_features, in_features).
+void check_few_rows_linear_packed_args(const at::Tensor& x, const at::Tensor& packed,
+                                       const std::optional<at::Tensor>& bias, int64_t out_features, int64_t panel);
+
 // The CPU kernel (float32 / float64), also called by other CPU kernels for their last product at the row
 // counts it serves (fairseq_ext/ops/few_rows_linear.py: MIN_ROWS..MAX_ROWS).
 at::Tensor few_rows_linear_cpu(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias);

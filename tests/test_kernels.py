@@ -127,6 +127,83 @@ def test_few_rows_linear_equals_reference(rows, k, n, dtype, bias, isa, monkeypa
         torch.set_num_threads(threads)
 
 
+@pytest.mark.parametrize("n,k,panel", [(3, 7, 6), (6, 16, 6), (13, 33, 6), (31, 64, 6), (66, 48, 6), (7, 129, 6),
+                                         (12, 20, 4), (10, 17, 5), (9, 1, 1), (16, 40, 8)])
+def test_pack_panels_round_trip(n, k, panel):
+    """pack_panels / unpack_panels (pure PyTorch) are inverses for any N, K and panel height; a panel's first
+    16 values are its first row's first 16 columns, the next 16 its second row's."""
+    from fairseq_ext.ops.few_rows_linear import pack_panels, unpack_panels
+
+    w = torch.randn(n, k)
+    packed = pack_panels(w, panel)
+    assert packed.shape == (n * k,) and packed.is_contiguous()
+    assert torch.equal(unpack_panels(packed, n, k, panel), w)
+    if n >= panel and k >= 16 and panel > 1:
+        assert torch.equal(packed[:16], w[0, :16]) and torch.equal(packed[16:32], w[1, :16])
+
+
+@pytest.mark.parametrize("rows,k,n", FEW_ROWS_SHAPES + [(5, 1024, 60), (16, 70, 12)])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, "bf16-weight"])
+@pytest.mark.parametrize("panel", [6, 4, 1, 7])
+@pytest.mark.parametrize("isa", ISAS)
+def test_few_rows_linear_packed_equals_the_row_major_kernel(rows, k, n, dtype, panel, isa, monkeypatch):
+    """On pack_panels' layout the kernel makes F.linear's outputs to rounding for any panel height (7: no group
+    size divides it but 1 and 7), and few_rows_linear's bit for bit where the AVX-512 intrinsics run (float32 x
+    on an AVX-512 CPU: the same sums in the same order; the portable loops are vectorised by the compiler, per
+    group size)."""
+    from fairseq_ext.ops.few_rows_linear import pack_panels
+    from fairseq_ext.tools.precision import cpu_flags
+
+    _set_isa(isa, monkeypatch)
+    g = torch.Generator().manual_seed(rows * 1000 + k + n + panel)
+    wdtype = torch.bfloat16 if dtype == "bf16-weight" else dtype
+    dtype = torch.float32 if dtype == "bf16-weight" else dtype
+    x, w = torch.randn(rows, k, generator=g, dtype=dtype), torch.randn(n, k, generator=g).to(wdtype)
+    b = torch.randn(n, generator=g, dtype=dtype)
+    out = torch.ops.fairseq_ext.few_rows_linear_packed(x, pack_panels(w, panel), b, n, panel)
+    if isa == "native" and dtype == torch.float32 and "avx512f" in cpu_flags():
+        assert torch.equal(out, torch.ops.fairseq_ext.few_rows_linear(x, w, b))
+    ref = torch.nn.functional.linear(x.double(), w.double(), b.double())
+    tol = 1e-12 if dtype == torch.float64 else 3e-5 * max(1.0, k ** 0.5)
+    torch.testing.assert_close(out.double(), ref, rtol=tol, atol=tol)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the same sums in the same order whatever the thread count
+    try:
+        assert torch.equal(out, torch.ops.fairseq_ext.few_rows_linear_packed(x, pack_panels(w, panel), b, n, panel))
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_few_rows_linear_packed_entry_point_and_errors(monkeypatch):
+    """The Python entry point keeps leading dims and falls back to F.linear on the unpacked weight (40 rows,
+    kernels off); bad arguments are named."""
+    from fairseq_ext.ops import few_rows_linear as frl
+
+    w, b = torch.randn(13, 20).bfloat16(), torch.randn(13)
+    packed = frl.pack_panels(w)
+    with torch.no_grad():
+        for shape in [(1, 5, 20), (5, 20), (40, 20)]:
+            x = torch.randn(*shape)
+            torch.testing.assert_close(frl.few_rows_linear_packed(x, packed, b, 13),
+                                       torch.nn.functional.linear(x, w.float(), b), rtol=2e-5, atol=2e-5)
+        monkeypatch.setenv("FAIRSEQ_EXT_NO_KERNELS", "1")
+        x = torch.randn(5, 20)
+        torch.testing.assert_close(frl.few_rows_linear_packed(x, packed, b, 13),
+                                   torch.nn.functional.linear(x, w.float(), b), rtol=2e-5, atol=2e-5)
+    with pytest.raises(RuntimeError, match="packed must be the 1-D panels"):
+        torch.ops.fairseq_ext.few_rows_linear_packed(torch.randn(3, 8), torch.randn(4, 8), None, 4, 6)
+    with pytest.raises(RuntimeError, match="packed must be the 1-D panels"):
+        torch.ops.fairseq_ext.few_rows_linear_packed(torch.randn(3, 8), torch.randn(33), None, 4, 6)
+    with pytest.raises(RuntimeError, match="panel >= 1"):
+        torch.ops.fairseq_ext.few_rows_linear_packed(torch.randn(3, 8), torch.randn(32), None, 4, 0)
+    with pytest.raises(RuntimeError, match="bias must be"):
+        torch.ops.fairseq_ext.few_rows_linear_packed(torch.randn(3, 8), torch.randn(32), torch.randn(5), 4, 6)
+    torch.library.opcheck(torch.ops.fairseq_ext.few_rows_linear_packed.default,
+                          (torch.randn(5, 40), frl.pack_panels(torch.randn(13, 40).bfloat16()), torch.randn(13), 13, 6))
+    torch.library.opcheck(torch.ops.fairseq_ext.few_rows_linear_packed.default,
+                          (torch.randn(3, 17), frl.pack_panels(torch.randn(9, 17)), None, 9, 6))
+
+
 def test_few_rows_linear_reads_only_its_operands():
     """NaN around the operands (views into larger poisoned buffers) must not leak: the kernel reads x and
     W through their own strides (non-contiguous inputs are made contiguous first)."""

@@ -8,6 +8,11 @@
 // AVX2+FMA version picked at run time (the AVX2 one spills; it is there for older machines). More than 8
 // rows: one pass per group of 8. Deterministic: a fixed summation order per output, independent of the
 // thread count.
+// few_rows_linear_packed reads W in the panel layout of ops/few_rows_linear.py (pack_panels): rows in
+// panels of P, each panel's 16-column blocks stored row after row, so a task streams one contiguous run of
+// memory (one hardware-prefetch stream) instead of R interleaved rows; dot_rows / dot_rows_avx512 serve both
+// layouts, so the sums are the same in the same order (bit for bit on the intrinsics path; the compiler may
+// vectorise the portable loop differently per group size).
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
@@ -27,6 +32,7 @@ namespace {
 constexpr int kLanes = 16;     // partial sums per (x row, W row)
 constexpr int kMaxRows = 8;    // x rows per pass over W
 constexpr int kPrefetch = 128; // float32 elements ahead of each W row stream (512 bytes; 128-1,024 measured)
+constexpr int kPanelPrefetch = 4096;  // bytes ahead in a panel's one stream (512-8,192 measured: 2-4 KB best)
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define FEW_ROWS_CLONES __attribute__((target_clones("avx512f", "avx2,fma", "default")))
@@ -38,23 +44,48 @@ inline float widen(float v) { return v; }
 inline double widen(double v) { return v; }
 inline float widen(c10::BFloat16 v) { return load_f(&v); }  // exact: bf16 is the top half of a float32
 
-// out[r * M + m] = x_m · w_r for the M rows of x (stride K) and R consecutive rows of W (stride K); W is
-// x's type, or bf16 with float32 x (weights stored in bf16, widened exactly, sums in float32)
+// The W rows a dot product reads, in either layout: the 16 weights of row r for column block b at
+// w + r·row_step + b·block_step, the K % 16 last ones at tail + r·tail_step; prefetched `ahead` elements
+// ahead of each row's block. Row-major: (K, 16, K); a panel of P rows (pack_panels): (16, P·16, K % 16).
+template <typename WT>
+struct RowsView {
+  const WT* w;
+  int64_t row_step, block_step;
+  const WT* tail;
+  int64_t tail_step, ahead;
+};
+
+template <typename WT>
+RowsView<WT> row_major(const WT* w, int64_t K, int64_t ahead) {
+  return {w, K, kLanes, w + K / kLanes * kLanes, K, ahead};
+}
+
+// R rows [r0, r0 + R) of the panel of P rows at `panel` (pack_panels' layout)
+template <typename WT>
+RowsView<WT> panel_rows(const WT* panel, int64_t K, int64_t P, int64_t r0, int64_t ahead) {
+  const int64_t tail = K % kLanes;
+  return {panel + r0 * kLanes, kLanes, P * kLanes, panel + K / kLanes * P * kLanes + r0 * tail, tail, ahead};
+}
+
+// out[r * M + m] = x_m · w_r for the M rows of x (stride K) and R rows of W (view v); W is x's type, or
+// bf16 with float32 x (weights stored in bf16, widened exactly, sums in float32). One body for both layouts,
+// so both give the same sums in the same order.
 template <typename T, typename WT, int M, int R>
-FEW_ROWS_CLONES void dot_rows(const T* x, int64_t K, const WT* w, T* out) {
+FEW_ROWS_CLONES void dot_rows(const T* x, int64_t K, RowsView<WT> v, T* out) {
   T acc[R][M][kLanes] = {};
-  int64_t k = 0;
-  for (; k + kLanes <= K; k += kLanes) {
-    for (int r = 0; r < R; ++r) __builtin_prefetch(w + r * K + k + kPrefetch * sizeof(T) / sizeof(WT));
+  const int64_t blocks = K / kLanes;
+  for (int64_t b = 0; b < blocks; ++b) {
+    for (int r = 0; r < R; ++r) __builtin_prefetch(v.w + r * v.row_step + b * v.block_step + v.ahead);
     for (int m = 0; m < M; ++m)
       for (int r = 0; r < R; ++r)
-        for (int l = 0; l < kLanes; ++l) acc[r][m][l] += x[m * K + k + l] * widen(w[r * K + k + l]);
+        for (int l = 0; l < kLanes; ++l)
+          acc[r][m][l] += x[m * K + b * kLanes + l] * widen(v.w[r * v.row_step + b * v.block_step + l]);
   }
   for (int r = 0; r < R; ++r)
     for (int m = 0; m < M; ++m) {
       T s = 0;
       for (int l = 0; l < kLanes; ++l) s += acc[r][m][l];
-      for (int64_t kk = k; kk < K; ++kk) s += x[m * K + kk] * widen(w[r * K + kk]);
+      for (int64_t t = 0; t < K - blocks * kLanes; ++t) s += x[m * K + blocks * kLanes + t] * widen(v.tail[r * v.tail_step + t]);
       out[r * M + m] = s;
     }
 }
@@ -73,22 +104,26 @@ __attribute__((target("avx512f"))) inline __m512 load16(const c10::BFloat16* w) 
 // x row) per 16 weights, the same lanes as the portable dot_rows, the 16 lanes summed by a fixed tree
 // (deterministic); picked at run time where the CPU has AVX-512F (avx512_available).
 template <typename WT, int M, int R>
-__attribute__((target("avx512f"))) void dot_rows_avx512(const float* x, int64_t K, const WT* w, float* out) {
+__attribute__((target("avx512f"))) void dot_rows_avx512(const float* x, int64_t K, RowsView<WT> v, float* out) {
   __m512 acc[R][M];
   for (int r = 0; r < R; ++r)
     for (int m = 0; m < M; ++m) acc[r][m] = _mm512_setzero_ps();
-  int64_t k = 0;
-  for (; k + kLanes <= K; k += kLanes) {
+  const int64_t blocks = K / kLanes;
+  // one prefetch per 64-byte line: every row of row-major W, every 64 / (16 sizeof(WT)) rows of a panel
+  const int every = v.row_step * sizeof(WT) >= 64 ? 1 : 64 / (v.row_step * sizeof(WT));
+  for (int64_t b = 0; b < blocks; ++b) {
     for (int r = 0; r < R; ++r) {  // x rows read from L1 by the multiply-add itself: R x M + 1 registers
-      __builtin_prefetch(w + r * K + k + kPrefetch * sizeof(float) / sizeof(WT));
-      const __m512 wf = load16(w + r * K + k);
-      for (int m = 0; m < M; ++m) acc[r][m] = _mm512_fmadd_ps(_mm512_loadu_ps(x + m * K + k), wf, acc[r][m]);
+      const WT* w = v.w + r * v.row_step + b * v.block_step;
+      if (r % every == 0) __builtin_prefetch(w + v.ahead);
+      const __m512 wf = load16(w);
+      for (int m = 0; m < M; ++m)
+        acc[r][m] = _mm512_fmadd_ps(_mm512_loadu_ps(x + m * K + b * kLanes), wf, acc[r][m]);
     }
   }
   for (int r = 0; r < R; ++r)
     for (int m = 0; m < M; ++m) {
       float s = _mm512_reduce_add_ps(acc[r][m]);  // a fixed tree over the 16 lanes
-      for (int64_t kk = k; kk < K; ++kk) s += x[m * K + kk] * widen(w[r * K + kk]);
+      for (int64_t t = 0; t < K - blocks * kLanes; ++t) s += x[m * K + blocks * kLanes + t] * widen(v.tail[r * v.tail_step + t]);
       out[r * M + m] = s;
     }
 }
@@ -99,43 +134,104 @@ bool avx512_available() {  // FAIRSEQ_EXT_CPU_ISA=portable (env) turns it off (c
 }
 #endif
 
+// dot_rows on this CPU's path: AVX-512 intrinsics for float32 x where available, else the portable loops
+template <typename T, typename WT, int M, int R>
+void dot(const T* x, int64_t K, RowsView<WT> v, T* out) {
+#ifdef FEW_ROWS_AVX512
+  if constexpr (std::is_same_v<T, float>) {
+    if (avx512_available()) return dot_rows_avx512<WT, M, R>(x, K, v, out);
+  }
+#endif
+  dot_rows<T, WT, M, R>(x, K, v, out);
+}
+
 // y rows [0, M) (row stride N) from x rows [0, M): W read once, R rows at a time (R streams per
 // thread: more memory-level parallelism than one; as many as keep R x M accumulators in AVX-512's 32
 // registers: 8 streams for up to 3 rows of x, 6 for 5, 4 for 7, 3 for 8), the last N % R rows one at a time
 template <typename T, typename WT, int M>
 void rows_pass(const T* x, const WT* w, const T* b, T* y, int64_t K, int64_t N) {
   constexpr int R = M <= 3 ? 8 : M <= 5 ? 6 : M <= 7 ? 4 : 3;
+  constexpr int64_t ahead = kPrefetch * sizeof(T) / sizeof(WT);
   const int64_t groups = N / R;
-#ifdef FEW_ROWS_AVX512
-  const bool avx512 = std::is_same_v<T, float> && avx512_available();
-#endif
   at::parallel_for(0, groups + N % R, 8, [&](int64_t begin, int64_t end) {
     T o[R * M];
     for (int64_t g = begin; g < end; ++g) {
       const int64_t j0 = g < groups ? g * R : groups * R + (g - groups);
       const int rows = g < groups ? R : 1;
-      bool done = false;
-#ifdef FEW_ROWS_AVX512
-      if constexpr (std::is_same_v<T, float>) {
-        if (avx512) {
-          if (rows == R)
-            dot_rows_avx512<WT, M, R>(x, K, w + j0 * K, o);
-          else
-            dot_rows_avx512<WT, M, 1>(x, K, w + j0 * K, o);
-          done = true;
-        }
-      }
-#endif
-      if (!done && rows == R)
-        dot_rows<T, WT, M, R>(x, K, w + j0 * K, o);
-      else if (!done)
-        dot_rows<T, WT, M, 1>(x, K, w + j0 * K, o);
+      if (rows == R)
+        dot<T, WT, M, R>(x, K, row_major(w + j0 * K, K, ahead), o);
+      else
+        dot<T, WT, M, 1>(x, K, row_major(w + j0 * K, K, ahead), o);
       for (int r = 0; r < rows; ++r) {
         const T bias = b ? b[j0 + r] : T(0);
         for (int m = 0; m < M; ++m) y[m * N + j0 + r] = o[r * M + m] + bias;
       }
     }
   });
+}
+
+// The rows of a panel one group of R at a time (R: the largest of 8, 6, 4, 3, 2, 1 that divides P and keeps
+// R x M accumulators in registers, as rows_pass).
+template <int M>
+int panel_group(int64_t P) {
+  for (int r : {8, 6, 4, 3, 2}) {
+    if (P % r == 0 && r * M <= 30) return r;
+  }
+  return 1;
+}
+
+// rows_pass on W packed in panels of P rows (rows [G·P, N) row-major after them): parallel over panels,
+// each read as one stream (prefetched kPanelPrefetch bytes ahead)
+template <typename T, typename WT, int M>
+void packed_pass(const T* x, const WT* w, const T* b, T* y, int64_t K, int64_t N, int64_t P) {
+  const int64_t panels = N / P, rest = N % P;
+  const int R = panel_group<M>(P);
+  const int64_t ahead = kPanelPrefetch / sizeof(WT), row_ahead = kPrefetch * sizeof(T) / sizeof(WT);
+  at::parallel_for(0, panels + rest, 1, [&](int64_t begin, int64_t end) {
+    T o[8 * M];
+    for (int64_t g = begin; g < end; ++g) {
+      if (g >= panels) {  // a row after the panels, row-major
+        const int64_t j = panels * P + (g - panels);
+        dot<T, WT, M, 1>(x, K, row_major(w + j * K, K, row_ahead), o);
+        for (int m = 0; m < M; ++m) y[m * N + j] = o[m] + (b ? b[j] : T(0));
+        continue;
+      }
+      const WT* panel = w + g * P * K;
+      for (int64_t r0 = 0; r0 < P; r0 += R) {
+        const RowsView<WT> v = panel_rows(panel, K, P, r0, ahead);
+        switch (R) {
+          case 8: if constexpr (8 * M <= 30) dot<T, WT, M, 8>(x, K, v, o); break;
+          case 6: if constexpr (6 * M <= 30) dot<T, WT, M, 6>(x, K, v, o); break;
+          case 4: if constexpr (4 * M <= 30) dot<T, WT, M, 4>(x, K, v, o); break;
+          case 3: dot<T, WT, M, 3>(x, K, v, o); break;
+          case 2: dot<T, WT, M, 2>(x, K, v, o); break;
+          default: dot<T, WT, M, 1>(x, K, v, o); break;
+        }
+        for (int r = 0; r < R; ++r) {
+          const int64_t j = g * P + r0 + r;
+          for (int m = 0; m < M; ++m) y[m * N + j] = o[r * M + m] + (b ? b[j] : T(0));
+        }
+      }
+    }
+  });
+}
+
+template <typename T, typename WT>
+void packed_kernel(const T* x, const WT* w, const T* b, T* y, int64_t rows, int64_t K, int64_t N, int64_t P) {
+  for (int64_t r = 0; r < rows; r += kMaxRows) {
+    const T* xr = x + r * K;
+    T* yr = y + r * N;
+    switch (std::min<int64_t>(kMaxRows, rows - r)) {
+      case 1: packed_pass<T, WT, 1>(xr, w, b, yr, K, N, P); break;
+      case 2: packed_pass<T, WT, 2>(xr, w, b, yr, K, N, P); break;
+      case 3: packed_pass<T, WT, 3>(xr, w, b, yr, K, N, P); break;
+      case 4: packed_pass<T, WT, 4>(xr, w, b, yr, K, N, P); break;
+      case 5: packed_pass<T, WT, 5>(xr, w, b, yr, K, N, P); break;
+      case 6: packed_pass<T, WT, 6>(xr, w, b, yr, K, N, P); break;
+      case 7: packed_pass<T, WT, 7>(xr, w, b, yr, K, N, P); break;
+      default: packed_pass<T, WT, 8>(xr, w, b, yr, K, N, P); break;
+    }
+  }
 }
 
 template <typename T, typename WT>
@@ -181,8 +277,33 @@ at::Tensor few_rows_linear_cpu(const at::Tensor& x, const at::Tensor& weight, co
   return y;
 }
 
+at::Tensor few_rows_linear_packed_cpu(const at::Tensor& x, const at::Tensor& packed,
+                                      const std::optional<at::Tensor>& bias, int64_t out_features, int64_t panel) {
+  check_few_rows_linear_packed_args(x, packed, bias, out_features, panel);
+  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kDouble,
+              "few_rows_linear_packed (CPU): float32 or float64, got ", x.scalar_type());
+  const bool has_bias = bias.has_value() && bias->defined();
+  auto xc = x.contiguous(), wc = packed.contiguous();
+  at::Tensor bc = has_bias ? bias->contiguous() : at::Tensor();
+  auto y = at::empty({xc.size(0), out_features}, xc.options());
+  if (xc.size(0) == 0 || out_features == 0) return y;
+  if (wc.scalar_type() == at::kBFloat16) {
+    packed_kernel<float, c10::BFloat16>(xc.data_ptr<float>(), wc.data_ptr<c10::BFloat16>(),
+                                        has_bias ? bc.data_ptr<float>() : nullptr, y.data_ptr<float>(),
+                                        xc.size(0), xc.size(1), out_features, panel);
+    return y;
+  }
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "few_rows_linear_packed_cpu", [&] {
+    packed_kernel<scalar_t, scalar_t>(xc.data_ptr<scalar_t>(), wc.data_ptr<scalar_t>(),
+                                      has_bias ? bc.data_ptr<scalar_t>() : nullptr, y.data_ptr<scalar_t>(),
+                                      xc.size(0), xc.size(1), out_features, panel);
+  });
+  return y;
+}
+
 }  // namespace fairseq_ext
 
 TORCH_LIBRARY_IMPL(fairseq_ext, CPU, m) {
   m.impl("few_rows_linear", &fairseq_ext::few_rows_linear_cpu);
+  m.impl("few_rows_linear_packed", &fairseq_ext::few_rows_linear_packed_cpu);
 }

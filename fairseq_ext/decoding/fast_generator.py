@@ -44,7 +44,7 @@ from fairseq.search import BeamSearch
 from fairseq.sequence_generator import EnsembleModel, SequenceGenerator
 from torch import Tensor, nn
 
-from ..ops.few_rows_linear import few_rows_linear
+from ..ops.few_rows_linear import few_rows_linear, few_rows_linear_packed, pack_panels
 from .encoder import EncoderMixin, bf16_encoder_reason, fp32_packed_reason
 from .steppers import stepper_for
 
@@ -112,9 +112,10 @@ class OwnStepEnsembleModel(EncoderMixin, EnsembleModel):
         self.plain_output = (isinstance(dec, TransformerDecoderBase) and dec.adaptive_softmax is None
                              and type(dec).output_layer is TransformerDecoderBase.output_layer
                              and type(dec.output_projection) is nn.Linear)
-        # --bf16: the output projection's bf16 copy (its weights are bf16-rounded: the same values)
-        self.output_weight = (dec.output_projection.weight.detach().to(torch.bfloat16) if bf16 and self.plain_output
-                              else None)
+        # --bf16: the output projection's bf16 copy (its weights are bf16-rounded: the same values), in the
+        # few-rows kernel's panel layout
+        self.output_weight = (pack_panels(dec.output_projection.weight.detach().to(torch.bfloat16))
+                              if bf16 and self.plain_output else None)
 
     def forward_decoder(self, tokens, encoder_outs: List[Dict[str, List[Tensor]]],
                         incremental_states: List[Dict[str, Dict[str, Optional[Tensor]]]], temperature: float = 1.0):
@@ -123,8 +124,9 @@ class OwnStepEnsembleModel(EncoderMixin, EnsembleModel):
         x, extra = dec.extract_features(tokens, encoder_out=encoder_outs[0], incremental_state=incremental_states[0])
         x = x[:, -1:, :]
         if self.plain_output:  # the kernel at 3-16 rows, else F.linear (= the output layer)
-            weight = dec.output_projection.weight if self.output_weight is None else self.output_weight
-            logits = few_rows_linear(x, weight, dec.output_projection.bias)
+            out = dec.output_projection
+            logits = (few_rows_linear(x, out.weight, out.bias) if self.output_weight is None
+                      else few_rows_linear_packed(x, self.output_weight, out.bias, out.out_features))
         else:
             logits = dec.output_layer(x)
         attn = None  # as fairseq's EnsembleModel: the last step's attention when the decoder returns one

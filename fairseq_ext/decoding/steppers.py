@@ -17,7 +17,8 @@ incremental-state dictionaries, for the decoders this package knows.
 
 Shared (`Stepper`): embeddings and positions as fairseq's TransformerDecoderBase; every projection and the
 output projection through ops.few_rows_linear at 3-16 rows (weights read once for all rows; with --bf16 at
-1-16 rows, reading bf16 copies of the bf16-rounded weights: `_bf16_copy`); keys/values
+1-16 rows, reading bf16 copies of the bf16-rounded weights in the kernel's panel layout, made once per
+weight: `_bf16_panels`, ops.few_rows_linear_packed); keys/values
 of self-attention written in place into buffers that double when full (modules/kv_cache.py);
 cross-attention keys/values of fairseq's MultiheadAttention computed once per sentence, stored per
 sentence and re-indexed only when finished sentences leave the batch. Decoders whose Linear layers were
@@ -42,6 +43,7 @@ from ..modules.fused_linear import FusedLinearWeights
 from ..modules.kv_cache import reorder_written_cache, write_to_cache
 from ..modules.multiplicative import SparseQKVAttention, conv_last_step, conv_patch_matrix
 from ..ops.compressed_attention import compressed_attention_decode, compressed_attention_hidden_reference
+from ..ops.few_rows_linear import PANEL, pack_panels
 from ..ops.few_rows_linear import kernel_applies as few_rows_linear_applies
 from ..ops.int8_linear import Int8Linear
 from .encoder import pack_weight, packed_linear
@@ -86,7 +88,10 @@ class Stepper:
     def __init__(self, model, beam_size: int, bf16: bool = False):
         self.model, self.dec, self.beam = model, model.decoder, max(1, beam_size)
         self.bf16 = bf16  # the kernel reads bf16 copies of the (bf16-rounded) weights: --bf16
-        self._bf16: Dict[int, Tuple[Tensor, int, Tensor]] = {}  # id(weight) -> (weight, version, bf16 copy)
+        # id(weight) -> (weight, version, bf16 copy): in the few-rows kernel's panel layout (what _linear reads),
+        # and row-major (CAN's second FFN layer, read by ops.compressed_attention_decode)
+        self._bf16: Dict[int, Tuple[Tensor, int, Tensor]] = {}
+        self._bf16_rows: Dict[int, Tuple[Tensor, int, Tensor]] = {}
         self.packed = False  # products of more than 16 rows on oneDNN-packed copies (_many_rows_linear)
         self._packs: Dict[int, Tuple[Tensor, int, Tensor]] = {}  # id(weight) -> (weight, version, packed copy)
         self.caches: List[Dict[str, Tensor]] = []  # per layer: kv_cache.write_to_cache's buffers
@@ -135,8 +140,11 @@ class Stepper:
     def _linear(self, x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
         """x (rows, in) -> (rows, out): ops.few_rows_linear's kernel when step() found it applies (weights
         read once for all rows), else F.linear."""
+        if self.kernel and self.bf16:
+            return torch.ops.fairseq_ext.few_rows_linear_packed.default(x, self._bf16_panels(weight), bias,
+                                                                        weight.size(0), PANEL)
         if self.kernel:
-            return torch.ops.fairseq_ext.few_rows_linear.default(x, self._bf16_copy(weight) if self.bf16 else weight, bias)
+            return torch.ops.fairseq_ext.few_rows_linear.default(x, weight, bias)
         return self._many_rows_linear(x, weight, bias)
 
     def _many_rows_linear(self, x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
@@ -153,8 +161,12 @@ class Stepper:
         return fused(x) if isinstance(fused, Int8Linear) else self._linear(x, *fused.get())
 
     def _bf16_copy(self, weight: Tensor) -> Tensor:
-        """The bf16 copy of a float32 weight whose values are bf16-rounded (exact)."""
-        return self._weight_copy(self._bf16, weight, lambda w: w.detach().to(torch.bfloat16))
+        """The bf16 copy of a float32 weight whose values are bf16-rounded (exact), row-major."""
+        return self._weight_copy(self._bf16_rows, weight, lambda w: w.detach().to(torch.bfloat16))
+
+    def _bf16_panels(self, weight: Tensor) -> Tensor:
+        """The bf16 copy of a bf16-rounded float32 weight in the few-rows kernel's panel layout."""
+        return self._weight_copy(self._bf16, weight, lambda w: pack_panels(w.detach().to(torch.bfloat16)))
 
     @staticmethod
     def _weight_copy(store: Dict[int, Tuple[Tensor, int, Tensor]], weight: Tensor, make) -> Tensor:
