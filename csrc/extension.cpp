@@ -5,6 +5,8 @@
 // references when it is absent.
 #include <torch/extension.h>
 
+#include "few_rows_linear.h"
+
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -38,4 +40,6 @@ TORCH_LIBRARY(fairseq_ext, m) {
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("build_info", &fairseq_ext::build_info, "How fairseq_ext._C was compiled");
+  m.def("few_rows_bf16_dot", &fairseq_ext::few_rows_bf16_dot,
+        "Whether few_rows_linear computes bf16-weight products in bf16 (AVX512_BF16, FAIRSEQ_EXT_BF16_PRODUCTS=1)");
 }

@@ -14,6 +14,10 @@ void check_few_rows_linear_args(const at::Tensor& x, const at::Tensor& weight, c
 void check_few_rows_linear_packed_args(const at::Tensor& x, const at::Tensor& packed,
                                        const std::optional<at::Tensor>& bias, int64_t out_features, int64_t panel);
 
+// Whether the CPU kernel computes bf16-weight products in bf16 (x rounded to bf16, float32 sums): AVX512_BF16,
+// FAIRSEQ_EXT_BF16_PRODUCTS=1 and not FAIRSEQ_EXT_CPU_ISA=portable; else x stays float32 and W is widened.
+bool few_rows_bf16_dot();
+
 // The CPU kernel (float32 / float64), also called by other CPU kernels for their last product at the row
 // counts it serves (fairseq_ext/ops/few_rows_linear.py: MIN_ROWS..MAX_ROWS).
 at::Tensor few_rows_linear_cpu(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias);

@@ -158,6 +158,23 @@ def test_sparse_ffn_speed_quick(tmp_path):
     assert set(r["rows"][0]["speed_vs_dense"]) == {"gather (PyTorch)", "kernel"}
 
 
+def test_few_rows_speed_quick(tmp_path):
+    """Every variant at each row count, with its bytes-per-second and both lower bounds of a step; the table
+    renders from the JSON (tools.docs' bench blocks)."""
+    import few_rows_speed
+
+    few_rows_speed.main(["--quick", "--out-dir", str(tmp_path), "--name", "f"])
+    r = json.loads((tmp_path / "f.json").read_text())
+    variants = {"F.linear", "kernel", "kernel, panels", "kernel bf16", "kernel bf16, panels",
+                "kernel bf16, panels, bf16 products"}
+    assert [(row["rows"], row["variant"]) for row in r["rows"]] == [(n, v) for n in (1, 5) for v in
+                                                                   few_rows_speed.variants([], []).keys()]
+    assert {row["variant"] for row in r["rows"]} == variants
+    assert all(row["gb_s"] > 0 and row["compute_bound_ms"] > 0 and row["memory_bound_ms"] > 0 for row in r["rows"])
+    assert r["weights"] == 2 * (3 * 40 * 40 + 3 * 40 * 40 + 2 * 72 * 40) + 100 * 40
+    assert "in-cache G weights/s" in few_rows_speed.table(r)
+
+
 def test_can_step_speed_quick(tmp_path, monkeypatch):
     import can_step_speed
 

@@ -161,6 +161,35 @@ def test_bf16_rounds_the_weights_and_decodes_as_fairseq_on_the_rounded_model(arc
         FastSequenceGenerator([model], task.target_dictionary, bf16=True, int8=True, beam_size=5)
 
 
+@pytest.mark.parametrize("arch", ["transformer_tiny", "can_decoder_ffn_tiny"])
+def test_bf16_products_score_as_fairseq_on_the_rounded_model(arch, tiny_data, monkeypatch):
+    """FAIRSEQ_EXT_BF16_PRODUCTS=1 with bf16=True: the few-rows kernel's products in bf16 (x rounded to bf16)
+    where the CPU has AVX512_BF16. Not fairseq's arithmetic, so a near-tie may pick another token; each
+    sentence's best hypothesis scores within 0.05 of fairseq's on the rounded model."""
+    from fairseq_ext import ops
+    from fairseq_ext.decoding.encoder import EncoderMixin
+    from fairseq_ext.ops import few_rows_linear
+    from fairseq_ext.tools.precision import cpu_flags
+
+    class AutocastEncoderEnsemble(EncoderMixin, EnsembleModel):
+        pass
+
+    monkeypatch.setenv("FAIRSEQ_EXT_BF16_PRODUCTS", "1")
+    monkeypatch.delenv("FAIRSEQ_EXT_CPU_ISA", raising=False)
+    assert few_rows_linear.bf16_dot() == (ops.kernels_enabled() and {"avx512_bf16", "avx512f"} <= cpu_flags())
+    task, model = _sharpened(tiny_data, arch)
+    sample, kw = fixed_batch(task, n=3), dict(beam_size=5, max_len_b=8)
+    gen = FastSequenceGenerator([model], task.target_dictionary, bf16=True, **kw)
+    ref_gen = SequenceGenerator([model], task.target_dictionary, **kw)
+    ref_gen.model = AutocastEncoderEnsemble([model]).eval()
+    ref_gen.model.encoder_bf16 = gen.model.encoder_bf16
+    with torch.no_grad():
+        ref, fast = ref_gen.generate([model], sample), gen.generate([model], sample)
+    assert len(ref) == len(fast) == 3
+    for r, f in zip(ref, fast):
+        assert abs(float(r[0]["score"]) - float(f[0]["score"])) < 0.05
+
+
 @pytest.mark.parametrize("step,vocab", [(0, 50), (3, 50), (3, 7), (0, 7)])
 def test_two_stage_top_k_equals_fairseqs_beam_search(step, vocab):
     """Same candidates, beams and scores as fairseq's BeamSearch.step (distinct scores; -inf entries as

@@ -94,20 +94,31 @@ FEW_ROWS_SHAPES = [(1, 7, 3), (2, 16, 4), (3, 17, 5), (4, 33, 9), (5, 64, 31), (
 ISAS = ["native", "portable"]
 
 
+# few_rows_linear's paths: also bf16 products of bf16 weights (FAIRSEQ_EXT_BF16_PRODUCTS=1: AVX512_BF16's
+# vdpbf16ps where the CPU has it, else the float32 products of "native")
+FEW_ROWS_ISAS = ["native", "bf16-products", "portable"]
+
+
 def _set_isa(isa, monkeypatch):
+    monkeypatch.delenv("FAIRSEQ_EXT_BF16_PRODUCTS", raising=False)
     if isa == "portable":
         monkeypatch.setenv("FAIRSEQ_EXT_CPU_ISA", "portable")
     else:
         monkeypatch.delenv("FAIRSEQ_EXT_CPU_ISA", raising=False)
+    if isa == "bf16-products":
+        monkeypatch.setenv("FAIRSEQ_EXT_BF16_PRODUCTS", "1")
 
 
 @pytest.mark.parametrize("rows,k,n", FEW_ROWS_SHAPES)
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, "bf16-weight"])
 @pytest.mark.parametrize("bias", [True, False])
-@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("isa", FEW_ROWS_ISAS)
 def test_few_rows_linear_equals_reference(rows, k, n, dtype, bias, isa, monkeypatch):
-    """float64, float32, and float32 x against a bfloat16 weight (--bf16 decoding: exactly the product
-    with the weight widened to float32); both instruction-set paths."""
+    """float64, float32, and float32 x against a bfloat16 weight (--bf16 decoding: the product with the
+    weight widened to float32, or with FAIRSEQ_EXT_BF16_PRODUCTS=1 on a CPU with bf16 dot products, of x
+    rounded to bf16); every instruction-set path."""
+    from fairseq_ext.ops import few_rows_linear as frl
+
     _set_isa(isa, monkeypatch)
     g = torch.Generator().manual_seed(rows * 1000 + k + n)
     wdtype = torch.bfloat16 if dtype == "bf16-weight" else dtype
@@ -115,7 +126,12 @@ def test_few_rows_linear_equals_reference(rows, k, n, dtype, bias, isa, monkeypa
     x, w = torch.randn(rows, k, generator=g, dtype=dtype), torch.randn(n, k, generator=g).to(wdtype)
     b = torch.randn(n, generator=g, dtype=dtype) if bias else None
     out = torch.ops.fairseq_ext.few_rows_linear(x, w, b)
-    ref = torch.nn.functional.linear(x.double(), w.double(), None if b is None else b.double())
+    from fairseq_ext.tools.precision import cpu_flags
+
+    # bf16 products exactly where asked for and the CPU has them
+    assert frl.bf16_dot() == (isa == "bf16-products" and {"avx512_bf16", "avx512f"} <= cpu_flags())
+    xr = x.bfloat16() if wdtype == torch.bfloat16 and frl.bf16_dot() else x
+    ref = torch.nn.functional.linear(xr.double(), w.double(), None if b is None else b.double())
     tol = 1e-12 if dtype == torch.float64 else 3e-5 * max(1.0, k ** 0.5)
     torch.testing.assert_close(out.double(), ref, rtol=tol, atol=tol)
     assert torch.equal(out, torch.ops.fairseq_ext.few_rows_linear(x, w, b))  # deterministic
@@ -145,13 +161,13 @@ def test_pack_panels_round_trip(n, k, panel):
 @pytest.mark.parametrize("rows,k,n", FEW_ROWS_SHAPES + [(5, 1024, 60), (16, 70, 12)])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, "bf16-weight"])
 @pytest.mark.parametrize("panel", [6, 4, 1, 7])
-@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("isa", FEW_ROWS_ISAS)
 def test_few_rows_linear_packed_equals_the_row_major_kernel(rows, k, n, dtype, panel, isa, monkeypatch):
     """On pack_panels' layout the kernel makes F.linear's outputs to rounding for any panel height (7: no group
     size divides it but 1 and 7), and few_rows_linear's bit for bit where the AVX-512 intrinsics run (float32 x
     on an AVX-512 CPU: the same sums in the same order; the portable loops are vectorised by the compiler, per
     group size)."""
-    from fairseq_ext.ops.few_rows_linear import pack_panels
+    from fairseq_ext.ops.few_rows_linear import bf16_dot, pack_panels
     from fairseq_ext.tools.precision import cpu_flags
 
     _set_isa(isa, monkeypatch)
@@ -161,9 +177,10 @@ def test_few_rows_linear_packed_equals_the_row_major_kernel(rows, k, n, dtype, p
     x, w = torch.randn(rows, k, generator=g, dtype=dtype), torch.randn(n, k, generator=g).to(wdtype)
     b = torch.randn(n, generator=g, dtype=dtype)
     out = torch.ops.fairseq_ext.few_rows_linear_packed(x, pack_panels(w, panel), b, n, panel)
-    if isa == "native" and dtype == torch.float32 and "avx512f" in cpu_flags():
+    if isa != "portable" and dtype == torch.float32 and "avx512f" in cpu_flags():
         assert torch.equal(out, torch.ops.fairseq_ext.few_rows_linear(x, w, b))
-    ref = torch.nn.functional.linear(x.double(), w.double(), b.double())
+    xr = x.bfloat16() if wdtype == torch.bfloat16 and bf16_dot() else x
+    ref = torch.nn.functional.linear(xr.double(), w.double(), b.double())
     tol = 1e-12 if dtype == torch.float64 else 3e-5 * max(1.0, k ** 0.5)
     torch.testing.assert_close(out.double(), ref, rtol=tol, atol=tol)
     threads = torch.get_num_threads()
@@ -184,8 +201,10 @@ def test_few_rows_linear_packed_entry_point_and_errors(monkeypatch):
     with torch.no_grad():
         for shape in [(1, 5, 20), (5, 20), (40, 20)]:
             x = torch.randn(*shape)
-            torch.testing.assert_close(frl.few_rows_linear_packed(x, packed, b, 13),
-                                       torch.nn.functional.linear(x, w.float(), b), rtol=2e-5, atol=2e-5)
+            ref = frl.kernel_reference if frl.kernel_applies(x, True, "few_rows_linear_packed") else \
+                frl.few_rows_linear_reference
+            torch.testing.assert_close(frl.few_rows_linear_packed(x, packed, b, 13), ref(x, w, b),
+                                       rtol=2e-5, atol=2e-5)
         monkeypatch.setenv("FAIRSEQ_EXT_NO_KERNELS", "1")
         x = torch.randn(5, 20)
         torch.testing.assert_close(frl.few_rows_linear_packed(x, packed, b, 13),
@@ -228,9 +247,10 @@ def test_few_rows_linear_entry_point_shapes_and_fallback(monkeypatch):
                                    rtol=2e-5, atol=2e-5)
     for shape in [(1, 1, 20), (2, 20), (5, 20), (40, 20)]:  # bf16 weight: the kernel from one row up
         x = torch.randn(*shape)
-        with torch.no_grad():
-            torch.testing.assert_close(frl.few_rows_linear(x, w.bfloat16(), b),
-                                       torch.nn.functional.linear(x, w.bfloat16().float(), b), rtol=2e-5, atol=2e-5)
+        with torch.no_grad():  # the kernel's bf16 products where it runs on a CPU with them, else F.linear's
+            ref = (frl.kernel_reference if frl.kernel_applies(x, True) else frl.few_rows_linear_reference)
+            torch.testing.assert_close(frl.few_rows_linear(x, w.bfloat16(), b), ref(x, w.bfloat16(), b),
+                                       rtol=2e-5, atol=2e-5)
     x = torch.randn(1, 5, 20)
     with torch.no_grad():
         assert frl.kernel_applies(x) and not frl.kernel_applies(x[:, :2]) and not frl.kernel_applies(torch.randn(40, 20))

@@ -8,6 +8,9 @@
 // AVX2+FMA version picked at run time (the AVX2 one spills; it is there for older machines). More than 8
 // rows: one pass per group of 8. Deterministic: a fixed summation order per output, independent of the
 // thread count.
+// bf16 W with FAIRSEQ_EXT_BF16_PRODUCTS=1 on a CPU with AVX512_BF16 (few_rows_bf16_dot): x is rounded to
+// bf16 once per call and each 32 weights of a row meet it in one vdpbf16ps per row of x (bf16 products,
+// float32 sums): twice the multiply-adds per instruction of widening W to float32, which bounds a 5-row step.
 // few_rows_linear_packed reads W in the panel layout of ops/few_rows_linear.py (pack_panels): rows in
 // panels of P, each panel's 16-column blocks stored row after row, so a task streams one contiguous run of
 // memory (one hardware-prefetch stream) instead of R interleaved rows; dot_rows / dot_rows_avx512 serve both
@@ -16,8 +19,11 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
+#include <cstdlib>
+#include <cstring>
 #include <type_traits>
 #if defined(__x86_64__)
+#include <cpuid.h>
 #include <immintrin.h>
 #endif
 
@@ -132,12 +138,76 @@ bool avx512_available() {  // FAIRSEQ_EXT_CPU_ISA=portable (env) turns it off (c
   static const bool ok = __builtin_cpu_supports("avx512f");
   return ok && !cpu_isa_portable();
 }
+
+// AVX512_BF16's vdpbf16ps: 32 bf16 x bf16 products summed in pairs into 16 float32 lanes per instruction,
+// twice the multiply-adds of a float32 FMA. CPUID leaf 7 sub-leaf 1, EAX bit 5. Opt-in: with
+// FAIRSEQ_EXT_BF16_PRODUCTS=1 (env, read at each call), since rounding x to bf16 changes results (float32
+// products of the bf16 weights otherwise, as on CPUs without it).
+bool bf16_dot_available() {
+  static const bool cpu = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    return __get_cpuid_count(7, 1, &a, &b, &c, &d) && ((a >> 5) & 1u);
+  }();
+  const char* e = std::getenv("FAIRSEQ_EXT_BF16_PRODUCTS");
+  return cpu && avx512_available() && e != nullptr && std::strcmp(e, "1") == 0;
+}
+
+// dot_rows for bf16 W against x rounded to bf16 (xb, M rows of stride K): per 32 weights of a W row one
+// vdpbf16ps per row of x, the 32 being two 16-column blocks of the view side by side (blocks b and b + 1, at
+// w and w + block_step: either layout); a last lone block as its 16 weights with zeros above; the 16 lanes
+// summed by the fixed tree, then the K % 16 last columns in float32 (from the rounded x).
+template <int M, int R>
+__attribute__((target("avx512f,avx512bf16"))) void dot_rows_bf16dot(const c10::BFloat16* xb, int64_t K,
+                                                                    RowsView<c10::BFloat16> v, float* out) {
+  __m512 acc[R][M];
+  for (int r = 0; r < R; ++r)
+    for (int m = 0; m < M; ++m) acc[r][m] = _mm512_setzero_ps();
+  const int64_t blocks = K / kLanes;
+  const int every = v.row_step * 2 >= 64 ? 1 : 64 / (v.row_step * 2);  // one prefetch per 64-byte line
+  int64_t b = 0;
+  for (; b + 2 <= blocks; b += 2) {
+    for (int r = 0; r < R; ++r) {
+      const c10::BFloat16* w = v.w + r * v.row_step + b * v.block_step;
+      if (r % every == 0) {
+        __builtin_prefetch(w + v.ahead);
+        __builtin_prefetch(w + v.block_step + v.ahead);
+      }
+      const __m512i w32 = _mm512_inserti64x4(
+          _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w))),
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + v.block_step)), 1);
+      for (int m = 0; m < M; ++m)
+        acc[r][m] = _mm512_dpbf16_ps(acc[r][m], (__m512bh)_mm512_loadu_si512(xb + m * K + b * kLanes), (__m512bh)w32);
+    }
+  }
+  if (b < blocks) {
+    for (int r = 0; r < R; ++r) {
+      const c10::BFloat16* w = v.w + r * v.row_step + b * v.block_step;
+      const __m512i w16 = _mm512_zextsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w)));
+      for (int m = 0; m < M; ++m) {
+        const __m512i x16 = _mm512_zextsi256_si512(
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb + m * K + b * kLanes)));
+        acc[r][m] = _mm512_dpbf16_ps(acc[r][m], (__m512bh)x16, (__m512bh)w16);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int m = 0; m < M; ++m) {
+      float s = _mm512_reduce_add_ps(acc[r][m]);
+      for (int64_t t = 0; t < K - blocks * kLanes; ++t)
+        s += widen(xb[m * K + blocks * kLanes + t]) * widen(v.tail[r * v.tail_step + t]);
+      out[r * M + m] = s;
+    }
+}
 #endif
 
-// dot_rows on this CPU's path: AVX-512 intrinsics for float32 x where available, else the portable loops
+// dot_rows on this CPU's path: bf16 dot products where the caller rounded x to bf16 (xb: bf16 W on a CPU
+// with AVX512_BF16), AVX-512 intrinsics for float32 x where available, else the portable loops
 template <typename T, typename WT, int M, int R>
-void dot(const T* x, int64_t K, RowsView<WT> v, T* out) {
+void dot(const T* x, int64_t K, RowsView<WT> v, T* out, const c10::BFloat16* xb) {
 #ifdef FEW_ROWS_AVX512
+  if constexpr (std::is_same_v<WT, c10::BFloat16>) {
+    if (xb) return dot_rows_bf16dot<M, R>(xb, K, v, out);
+  }
   if constexpr (std::is_same_v<T, float>) {
     if (avx512_available()) return dot_rows_avx512<WT, M, R>(x, K, v, out);
   }
@@ -149,7 +219,7 @@ void dot(const T* x, int64_t K, RowsView<WT> v, T* out) {
 // thread: more memory-level parallelism than one; as many as keep R x M accumulators in AVX-512's 32
 // registers: 8 streams for up to 3 rows of x, 6 for 5, 4 for 7, 3 for 8), the last N % R rows one at a time
 template <typename T, typename WT, int M>
-void rows_pass(const T* x, const WT* w, const T* b, T* y, int64_t K, int64_t N) {
+void rows_pass(const T* x, const WT* w, const T* b, T* y, int64_t K, int64_t N, const c10::BFloat16* xb) {
   constexpr int R = M <= 3 ? 8 : M <= 5 ? 6 : M <= 7 ? 4 : 3;
   constexpr int64_t ahead = kPrefetch * sizeof(T) / sizeof(WT);
   const int64_t groups = N / R;
@@ -159,9 +229,9 @@ void rows_pass(const T* x, const WT* w, const T* b, T* y, int64_t K, int64_t N) 
       const int64_t j0 = g < groups ? g * R : groups * R + (g - groups);
       const int rows = g < groups ? R : 1;
       if (rows == R)
-        dot<T, WT, M, R>(x, K, row_major(w + j0 * K, K, ahead), o);
+        dot<T, WT, M, R>(x, K, row_major(w + j0 * K, K, ahead), o, xb);
       else
-        dot<T, WT, M, 1>(x, K, row_major(w + j0 * K, K, ahead), o);
+        dot<T, WT, M, 1>(x, K, row_major(w + j0 * K, K, ahead), o, xb);
       for (int r = 0; r < rows; ++r) {
         const T bias = b ? b[j0 + r] : T(0);
         for (int m = 0; m < M; ++m) y[m * N + j0 + r] = o[r * M + m] + bias;
@@ -183,7 +253,8 @@ int panel_group(int64_t P) {
 // rows_pass on W packed in panels of P rows (rows [G·P, N) row-major after them): parallel over panels,
 // each read as one stream (prefetched kPanelPrefetch bytes ahead)
 template <typename T, typename WT, int M>
-void packed_pass(const T* x, const WT* w, const T* b, T* y, int64_t K, int64_t N, int64_t P) {
+void packed_pass(const T* x, const WT* w, const T* b, T* y, int64_t K, int64_t N, int64_t P,
+                 const c10::BFloat16* xb) {
   const int64_t panels = N / P, rest = N % P;
   const int R = panel_group<M>(P);
   const int64_t ahead = kPanelPrefetch / sizeof(WT), row_ahead = kPrefetch * sizeof(T) / sizeof(WT);
@@ -192,7 +263,7 @@ void packed_pass(const T* x, const WT* w, const T* b, T* y, int64_t K, int64_t N
     for (int64_t g = begin; g < end; ++g) {
       if (g >= panels) {  // a row after the panels, row-major
         const int64_t j = panels * P + (g - panels);
-        dot<T, WT, M, 1>(x, K, row_major(w + j * K, K, row_ahead), o);
+        dot<T, WT, M, 1>(x, K, row_major(w + j * K, K, row_ahead), o, xb);
         for (int m = 0; m < M; ++m) y[m * N + j] = o[m] + (b ? b[j] : T(0));
         continue;
       }
@@ -200,12 +271,12 @@ void packed_pass(const T* x, const WT* w, const T* b, T* y, int64_t K, int64_t N
       for (int64_t r0 = 0; r0 < P; r0 += R) {
         const RowsView<WT> v = panel_rows(panel, K, P, r0, ahead);
         switch (R) {
-          case 8: if constexpr (8 * M <= 30) dot<T, WT, M, 8>(x, K, v, o); break;
-          case 6: if constexpr (6 * M <= 30) dot<T, WT, M, 6>(x, K, v, o); break;
-          case 4: if constexpr (4 * M <= 30) dot<T, WT, M, 4>(x, K, v, o); break;
-          case 3: dot<T, WT, M, 3>(x, K, v, o); break;
-          case 2: dot<T, WT, M, 2>(x, K, v, o); break;
-          default: dot<T, WT, M, 1>(x, K, v, o); break;
+          case 8: if constexpr (8 * M <= 30) dot<T, WT, M, 8>(x, K, v, o, xb); break;
+          case 6: if constexpr (6 * M <= 30) dot<T, WT, M, 6>(x, K, v, o, xb); break;
+          case 4: if constexpr (4 * M <= 30) dot<T, WT, M, 4>(x, K, v, o, xb); break;
+          case 3: dot<T, WT, M, 3>(x, K, v, o, xb); break;
+          case 2: dot<T, WT, M, 2>(x, K, v, o, xb); break;
+          default: dot<T, WT, M, 1>(x, K, v, o, xb); break;
         }
         for (int r = 0; r < R; ++r) {
           const int64_t j = g * P + r0 + r;
@@ -217,42 +288,54 @@ void packed_pass(const T* x, const WT* w, const T* b, T* y, int64_t K, int64_t N
 }
 
 template <typename T, typename WT>
-void packed_kernel(const T* x, const WT* w, const T* b, T* y, int64_t rows, int64_t K, int64_t N, int64_t P) {
+void packed_kernel(const T* x, const WT* w, const T* b, T* y, int64_t rows, int64_t K, int64_t N, int64_t P,
+                   const c10::BFloat16* xb) {
   for (int64_t r = 0; r < rows; r += kMaxRows) {
     const T* xr = x + r * K;
+    const c10::BFloat16* xbr = xb ? xb + r * K : nullptr;
     T* yr = y + r * N;
     switch (std::min<int64_t>(kMaxRows, rows - r)) {
-      case 1: packed_pass<T, WT, 1>(xr, w, b, yr, K, N, P); break;
-      case 2: packed_pass<T, WT, 2>(xr, w, b, yr, K, N, P); break;
-      case 3: packed_pass<T, WT, 3>(xr, w, b, yr, K, N, P); break;
-      case 4: packed_pass<T, WT, 4>(xr, w, b, yr, K, N, P); break;
-      case 5: packed_pass<T, WT, 5>(xr, w, b, yr, K, N, P); break;
-      case 6: packed_pass<T, WT, 6>(xr, w, b, yr, K, N, P); break;
-      case 7: packed_pass<T, WT, 7>(xr, w, b, yr, K, N, P); break;
-      default: packed_pass<T, WT, 8>(xr, w, b, yr, K, N, P); break;
+      case 1: packed_pass<T, WT, 1>(xr, w, b, yr, K, N, P, xbr); break;
+      case 2: packed_pass<T, WT, 2>(xr, w, b, yr, K, N, P, xbr); break;
+      case 3: packed_pass<T, WT, 3>(xr, w, b, yr, K, N, P, xbr); break;
+      case 4: packed_pass<T, WT, 4>(xr, w, b, yr, K, N, P, xbr); break;
+      case 5: packed_pass<T, WT, 5>(xr, w, b, yr, K, N, P, xbr); break;
+      case 6: packed_pass<T, WT, 6>(xr, w, b, yr, K, N, P, xbr); break;
+      case 7: packed_pass<T, WT, 7>(xr, w, b, yr, K, N, P, xbr); break;
+      default: packed_pass<T, WT, 8>(xr, w, b, yr, K, N, P, xbr); break;
     }
   }
 }
 
 template <typename T, typename WT>
-void few_rows_kernel(const T* x, const WT* w, const T* b, T* y, int64_t rows, int64_t K, int64_t N) {
+void few_rows_kernel(const T* x, const WT* w, const T* b, T* y, int64_t rows, int64_t K, int64_t N,
+                     const c10::BFloat16* xb) {
   for (int64_t r = 0; r < rows; r += kMaxRows) {
     const T* xr = x + r * K;
+    const c10::BFloat16* xbr = xb ? xb + r * K : nullptr;
     T* yr = y + r * N;
     switch (std::min<int64_t>(kMaxRows, rows - r)) {
-      case 1: rows_pass<T, WT, 1>(xr, w, b, yr, K, N); break;
-      case 2: rows_pass<T, WT, 2>(xr, w, b, yr, K, N); break;
-      case 3: rows_pass<T, WT, 3>(xr, w, b, yr, K, N); break;
-      case 4: rows_pass<T, WT, 4>(xr, w, b, yr, K, N); break;
-      case 5: rows_pass<T, WT, 5>(xr, w, b, yr, K, N); break;
-      case 6: rows_pass<T, WT, 6>(xr, w, b, yr, K, N); break;
-      case 7: rows_pass<T, WT, 7>(xr, w, b, yr, K, N); break;
-      default: rows_pass<T, WT, 8>(xr, w, b, yr, K, N); break;
+      case 1: rows_pass<T, WT, 1>(xr, w, b, yr, K, N, xbr); break;
+      case 2: rows_pass<T, WT, 2>(xr, w, b, yr, K, N, xbr); break;
+      case 3: rows_pass<T, WT, 3>(xr, w, b, yr, K, N, xbr); break;
+      case 4: rows_pass<T, WT, 4>(xr, w, b, yr, K, N, xbr); break;
+      case 5: rows_pass<T, WT, 5>(xr, w, b, yr, K, N, xbr); break;
+      case 6: rows_pass<T, WT, 6>(xr, w, b, yr, K, N, xbr); break;
+      case 7: rows_pass<T, WT, 7>(xr, w, b, yr, K, N, xbr); break;
+      default: rows_pass<T, WT, 8>(xr, w, b, yr, K, N, xbr); break;
     }
   }
 }
 
 }  // namespace
+
+bool few_rows_bf16_dot() {
+#ifdef FEW_ROWS_AVX512
+  return bf16_dot_available();
+#else
+  return false;
+#endif
+}
 
 at::Tensor few_rows_linear_cpu(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
   check_few_rows_linear_args(x, weight, bias);
@@ -264,15 +347,17 @@ at::Tensor few_rows_linear_cpu(const at::Tensor& x, const at::Tensor& weight, co
   auto y = at::empty({xc.size(0), wc.size(0)}, xc.options());
   if (xc.size(0) == 0 || wc.size(0) == 0) return y;
   if (wc.scalar_type() == at::kBFloat16) {  // bf16 weights, float32 x (check_few_rows_linear_args)
+    const at::Tensor xb = few_rows_bf16_dot() ? xc.to(at::kBFloat16) : at::Tensor();  // bf16 products
     few_rows_kernel<float, c10::BFloat16>(xc.data_ptr<float>(), wc.data_ptr<c10::BFloat16>(),
                                           has_bias ? bc.data_ptr<float>() : nullptr, y.data_ptr<float>(),
-                                          xc.size(0), xc.size(1), wc.size(0));
+                                          xc.size(0), xc.size(1), wc.size(0),
+                                          xb.defined() ? xb.data_ptr<c10::BFloat16>() : nullptr);
     return y;
   }
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "few_rows_linear_cpu", [&] {
     few_rows_kernel<scalar_t, scalar_t>(xc.data_ptr<scalar_t>(), wc.data_ptr<scalar_t>(),
                               has_bias ? bc.data_ptr<scalar_t>() : nullptr, y.data_ptr<scalar_t>(), xc.size(0),
-                              xc.size(1), wc.size(0));
+                              xc.size(1), wc.size(0), nullptr);
   });
   return y;
 }
@@ -288,15 +373,17 @@ at::Tensor few_rows_linear_packed_cpu(const at::Tensor& x, const at::Tensor& pac
   auto y = at::empty({xc.size(0), out_features}, xc.options());
   if (xc.size(0) == 0 || out_features == 0) return y;
   if (wc.scalar_type() == at::kBFloat16) {
+    const at::Tensor xb = few_rows_bf16_dot() ? xc.to(at::kBFloat16) : at::Tensor();  // bf16 products
     packed_kernel<float, c10::BFloat16>(xc.data_ptr<float>(), wc.data_ptr<c10::BFloat16>(),
                                         has_bias ? bc.data_ptr<float>() : nullptr, y.data_ptr<float>(),
-                                        xc.size(0), xc.size(1), out_features, panel);
+                                        xc.size(0), xc.size(1), out_features, panel,
+                                        xb.defined() ? xb.data_ptr<c10::BFloat16>() : nullptr);
     return y;
   }
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "few_rows_linear_packed_cpu", [&] {
     packed_kernel<scalar_t, scalar_t>(xc.data_ptr<scalar_t>(), wc.data_ptr<scalar_t>(),
                                       has_bias ? bc.data_ptr<scalar_t>() : nullptr, y.data_ptr<scalar_t>(),
-                                      xc.size(0), xc.size(1), out_features, panel);
+                                      xc.size(0), xc.size(1), out_features, panel, nullptr);
   });
   return y;
 }

@@ -7,10 +7,14 @@ At 3-16 rows MKL's GEMM packs the weight on every call, so it reads the weights 
 that streams each weight row once for all rows (its effect on whole decoding steps: the tables of
 docs/decoding/README.md). One or two rows stay on F.linear (MKL is as fast there).
 
-The weight may be bfloat16 with float32 x (the fast path's --bf16): half the bytes streamed, each weight
-widened exactly to float32 and summed in float32, so y equals F.linear(x, weight.float(), bias) up to the
-order of the sums; the kernel serves every row count up to MAX_ROWS then (F.linear would need the weight
-converted to float32 on every call).
+The weight may be bfloat16 with float32 x (the fast path's --bf16): half the bytes streamed, and the kernel
+serves every row count up to MAX_ROWS then (F.linear would need the weight converted to float32 on every
+call). Each weight is widened exactly to float32 and y equals F.linear(x, weight.float(), bias) up to the
+order of the sums. With FAIRSEQ_EXT_BF16_PRODUCTS=1 (env, read at each call) on a CPU with AVX512_BF16
+(`bf16_dot()`, checked at run time) the products are bf16 instead: x is rounded to bf16 once per call and
+vdpbf16ps multiplies 32 weights per instruction (twice a float32 FMA's), sums in float32, so y equals
+F.linear(x.bfloat16().float(), weight.float(), bias) up to the order of the sums; faster where a step is
+bound by its multiply-adds (5 rows and more), but no longer the arithmetic of the float32 model.
 `F.linear` (on the weight converted to x's dtype) is the reference and the fallback.
 
     y = few_rows_linear_packed(x, pack_panels(weight), bias, N)
@@ -39,6 +43,22 @@ LANES = 16  # columns per block (one AVX-512 register of float32)
 
 def few_rows_linear_reference(x, weight, bias=None):
     return F.linear(x, weight.to(x.dtype), bias)
+
+
+def bf16_dot():
+    """Whether the kernel computes a bf16 weight's products in bf16: FAIRSEQ_EXT_BF16_PRODUCTS=1 on a CPU with
+    AVX512_BF16, not FAIRSEQ_EXT_CPU_ISA=portable (read at each call, as the kernel does)."""
+    from . import _C
+
+    return _C is not None and hasattr(_C, "few_rows_bf16_dot") and _C.few_rows_bf16_dot()
+
+
+def kernel_reference(x, weight, bias=None):
+    """What the kernel computes (F.linear up to the order of the sums): with a bf16 weight on a CPU with bf16
+    dot products (bf16_dot), the product of x rounded to bf16."""
+    if weight.dtype == torch.bfloat16 and x.dtype == torch.float32 and bf16_dot():
+        x = x.bfloat16().float()
+    return few_rows_linear_reference(x, weight, bias)
 
 
 def kernel_applies(x, bf16_weight=False, op="few_rows_linear"):

@@ -129,6 +129,7 @@ def _bench_modules():
     try:
         import can_step_speed
         import decode_speed
+        import few_rows_speed
         import run_presets
         import sparse_ffn_speed
         import train_allocator
@@ -138,7 +139,7 @@ def _bench_modules():
         sys.path.pop(0)
     kinds = {"decode": decode_speed, "train": train_speed, "sparse_ffn": sparse_ffn_speed,
              "can_step": can_step_speed, "train_precision": train_precision,
-             "train_allocator": train_allocator}
+             "train_allocator": train_allocator, "few_rows": few_rows_speed}
     return kinds, run_presets
 
 
