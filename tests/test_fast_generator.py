@@ -125,6 +125,20 @@ def test_int8_quantizes_the_decoder_and_decodes_as_fairseq_on_the_quantized_mode
     assert not any(isinstance(m, QLinear) for m in model.encoder.modules())  # the encoder stays fp32
 
 
+def _rounded_model_reference(model, task, gen, kw):
+    """fairseq's SequenceGenerator on the (bf16-rounded) model, its encoder run as the bf16 fast path `gen`
+    runs it (under bf16 autocast or not: EncoderMixin)."""
+    from fairseq_ext.decoding.encoder import EncoderMixin
+
+    class AutocastEncoderEnsemble(EncoderMixin, EnsembleModel):
+        pass
+
+    ref_gen = SequenceGenerator([model], task.target_dictionary, **kw)
+    ref_gen.model = AutocastEncoderEnsemble([model]).eval()
+    ref_gen.model.encoder_bf16 = gen.model.encoder_bf16
+    return ref_gen
+
+
 @pytest.mark.parametrize("arch", SERVED + ["terraformer_lsh_tiny"])
 def test_bf16_rounds_the_weights_and_decodes_as_fairseq_on_the_rounded_model(arch, tiny_data, caplog):
     """bf16=True (fairseq-ext-generate --bf16 on a CPU): every weight is rounded to bfloat16 in place, the
@@ -132,11 +146,8 @@ def test_bf16_rounds_the_weights_and_decodes_as_fairseq_on_the_rounded_model(arc
     the rounded model (the same sums in another order), its encoder run as the fast path runs it (under
     bf16 autocast where this CPU's bf16 products are fast)."""
     from fairseq_ext import ops
-    from fairseq_ext.decoding.encoder import EncoderMixin, bf16_encoder_reason
+    from fairseq_ext.decoding.encoder import bf16_encoder_reason
     from fairseq_ext.decoding.fast_generator import OwnStepEnsembleModel
-
-    class AutocastEncoderEnsemble(EncoderMixin, EnsembleModel):
-        pass
 
     task, model = _sharpened(tiny_data, arch)
     sample, kw = fixed_batch(task, n=3), dict(beam_size=5, max_len_b=8)
@@ -146,9 +157,7 @@ def test_bf16_rounds_the_weights_and_decodes_as_fairseq_on_the_rounded_model(arc
     assert "not used" not in caplog.text and ("generic mode" in caplog.text) == (arch not in SERVED)
     assert gen.model.encoder_bf16 == (bf16_encoder_reason() is None)
     assert all(torch.equal(p, p.bfloat16().float()) for p in model.parameters())
-    ref_gen = SequenceGenerator([model], task.target_dictionary, **kw)
-    ref_gen.model = AutocastEncoderEnsemble([model]).eval()
-    ref_gen.model.encoder_bf16 = gen.model.encoder_bf16
+    ref_gen = _rounded_model_reference(model, task, gen, kw)
     with torch.no_grad():
         _same_hypotheses(ref_gen.generate([model], sample), gen.generate([model], sample))
     if arch in SERVED and any(type(m) is torch.nn.Linear for m in model.decoder.modules()) and ops.kernels_enabled():
@@ -167,12 +176,8 @@ def test_bf16_products_score_as_fairseq_on_the_rounded_model(arch, tiny_data, mo
     where the CPU has AVX512_BF16. Not fairseq's arithmetic, so a near-tie may pick another token; each
     sentence's best hypothesis scores within 0.05 of fairseq's on the rounded model."""
     from fairseq_ext import ops
-    from fairseq_ext.decoding.encoder import EncoderMixin
     from fairseq_ext.ops import few_rows_linear
     from fairseq_ext.tools.precision import cpu_flags
-
-    class AutocastEncoderEnsemble(EncoderMixin, EnsembleModel):
-        pass
 
     monkeypatch.setenv("FAIRSEQ_EXT_BF16_PRODUCTS", "1")
     monkeypatch.delenv("FAIRSEQ_EXT_CPU_ISA", raising=False)
@@ -180,9 +185,7 @@ def test_bf16_products_score_as_fairseq_on_the_rounded_model(arch, tiny_data, mo
     task, model = _sharpened(tiny_data, arch)
     sample, kw = fixed_batch(task, n=3), dict(beam_size=5, max_len_b=8)
     gen = FastSequenceGenerator([model], task.target_dictionary, bf16=True, **kw)
-    ref_gen = SequenceGenerator([model], task.target_dictionary, **kw)
-    ref_gen.model = AutocastEncoderEnsemble([model]).eval()
-    ref_gen.model.encoder_bf16 = gen.model.encoder_bf16
+    ref_gen = _rounded_model_reference(model, task, gen, kw)
     with torch.no_grad():
         ref, fast = ref_gen.generate([model], sample), gen.generate([model], sample)
     assert len(ref) == len(fast) == 3

@@ -287,22 +287,20 @@ void packed_pass(const T* x, const WT* w, const T* b, T* y, int64_t K, int64_t N
   });
 }
 
-template <typename T, typename WT>
-void packed_kernel(const T* x, const WT* w, const T* b, T* y, int64_t rows, int64_t K, int64_t N, int64_t P,
-                   const c10::BFloat16* xb) {
+// The rows of x in passes of up to kMaxRows: pass(std::integral_constant<int, M>, first row) for each, M the
+// pass's row count as a compile-time constant (rows_pass and packed_pass are templates on it)
+template <typename Pass>
+void row_passes(int64_t rows, Pass&& pass) {
   for (int64_t r = 0; r < rows; r += kMaxRows) {
-    const T* xr = x + r * K;
-    const c10::BFloat16* xbr = xb ? xb + r * K : nullptr;
-    T* yr = y + r * N;
     switch (std::min<int64_t>(kMaxRows, rows - r)) {
-      case 1: packed_pass<T, WT, 1>(xr, w, b, yr, K, N, P, xbr); break;
-      case 2: packed_pass<T, WT, 2>(xr, w, b, yr, K, N, P, xbr); break;
-      case 3: packed_pass<T, WT, 3>(xr, w, b, yr, K, N, P, xbr); break;
-      case 4: packed_pass<T, WT, 4>(xr, w, b, yr, K, N, P, xbr); break;
-      case 5: packed_pass<T, WT, 5>(xr, w, b, yr, K, N, P, xbr); break;
-      case 6: packed_pass<T, WT, 6>(xr, w, b, yr, K, N, P, xbr); break;
-      case 7: packed_pass<T, WT, 7>(xr, w, b, yr, K, N, P, xbr); break;
-      default: packed_pass<T, WT, 8>(xr, w, b, yr, K, N, P, xbr); break;
+      case 1: pass(std::integral_constant<int, 1>{}, r); break;
+      case 2: pass(std::integral_constant<int, 2>{}, r); break;
+      case 3: pass(std::integral_constant<int, 3>{}, r); break;
+      case 4: pass(std::integral_constant<int, 4>{}, r); break;
+      case 5: pass(std::integral_constant<int, 5>{}, r); break;
+      case 6: pass(std::integral_constant<int, 6>{}, r); break;
+      case 7: pass(std::integral_constant<int, 7>{}, r); break;
+      default: pass(std::integral_constant<int, 8>{}, r); break;
     }
   }
 }
@@ -310,21 +308,43 @@ void packed_kernel(const T* x, const WT* w, const T* b, T* y, int64_t rows, int6
 template <typename T, typename WT>
 void few_rows_kernel(const T* x, const WT* w, const T* b, T* y, int64_t rows, int64_t K, int64_t N,
                      const c10::BFloat16* xb) {
-  for (int64_t r = 0; r < rows; r += kMaxRows) {
-    const T* xr = x + r * K;
-    const c10::BFloat16* xbr = xb ? xb + r * K : nullptr;
-    T* yr = y + r * N;
-    switch (std::min<int64_t>(kMaxRows, rows - r)) {
-      case 1: rows_pass<T, WT, 1>(xr, w, b, yr, K, N, xbr); break;
-      case 2: rows_pass<T, WT, 2>(xr, w, b, yr, K, N, xbr); break;
-      case 3: rows_pass<T, WT, 3>(xr, w, b, yr, K, N, xbr); break;
-      case 4: rows_pass<T, WT, 4>(xr, w, b, yr, K, N, xbr); break;
-      case 5: rows_pass<T, WT, 5>(xr, w, b, yr, K, N, xbr); break;
-      case 6: rows_pass<T, WT, 6>(xr, w, b, yr, K, N, xbr); break;
-      case 7: rows_pass<T, WT, 7>(xr, w, b, yr, K, N, xbr); break;
-      default: rows_pass<T, WT, 8>(xr, w, b, yr, K, N, xbr); break;
-    }
+  row_passes(rows, [&](auto m, int64_t r) {
+    rows_pass<T, WT, decltype(m)::value>(x + r * K, w, b, y + r * N, K, N, xb ? xb + r * K : nullptr);
+  });
+}
+
+template <typename T, typename WT>
+void packed_kernel(const T* x, const WT* w, const T* b, T* y, int64_t rows, int64_t K, int64_t N, int64_t P,
+                   const c10::BFloat16* xb) {
+  row_passes(rows, [&](auto m, int64_t r) {
+    packed_pass<T, WT, decltype(m)::value>(x + r * K, w, b, y + r * N, K, N, P, xb ? xb + r * K : nullptr);
+  });
+}
+
+// Both ops' common part: contiguous operands, the (rows, N) output, x rounded to bf16 once where a bf16
+// weight's products are bf16 (few_rows_bf16_dot), then kernel(x, w, b, y, rows, K, xb) on typed pointers
+// (float32 x with a bf16 weight, else x's dtype for all).
+template <typename Kernel>
+at::Tensor few_rows_call(const char* op, const at::Tensor& x, const at::Tensor& weight,
+                         const std::optional<at::Tensor>& bias, int64_t N, Kernel kernel) {
+  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kDouble, op,
+              " (CPU): float32 or float64, got ", x.scalar_type());
+  const bool has_bias = bias.has_value() && bias->defined();
+  auto xc = x.contiguous(), wc = weight.contiguous();
+  at::Tensor bc = has_bias ? bias->contiguous() : at::Tensor();
+  auto y = at::empty({xc.size(0), N}, xc.options());
+  if (xc.size(0) == 0 || N == 0) return y;
+  if (wc.scalar_type() == at::kBFloat16) {  // bf16 weights, float32 x (the argument checks)
+    const at::Tensor xb = few_rows_bf16_dot() ? xc.to(at::kBFloat16) : at::Tensor();  // bf16 products
+    kernel(xc.data_ptr<float>(), wc.data_ptr<c10::BFloat16>(), has_bias ? bc.data_ptr<float>() : nullptr,
+           y.data_ptr<float>(), xc.size(0), xc.size(1), xb.defined() ? xb.data_ptr<c10::BFloat16>() : nullptr);
+    return y;
   }
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "few_rows_call", [&] {
+    kernel(xc.data_ptr<scalar_t>(), wc.data_ptr<scalar_t>(), has_bias ? bc.data_ptr<scalar_t>() : nullptr,
+           y.data_ptr<scalar_t>(), xc.size(0), xc.size(1), static_cast<const c10::BFloat16*>(nullptr));
+  });
+  return y;
 }
 
 }  // namespace
@@ -339,53 +359,19 @@ bool few_rows_bf16_dot() {
 
 at::Tensor few_rows_linear_cpu(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
   check_few_rows_linear_args(x, weight, bias);
-  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kDouble,
-              "few_rows_linear (CPU): float32 or float64, got ", x.scalar_type());
-  const bool has_bias = bias.has_value() && bias->defined();
-  auto xc = x.contiguous(), wc = weight.contiguous();
-  at::Tensor bc = has_bias ? bias->contiguous() : at::Tensor();
-  auto y = at::empty({xc.size(0), wc.size(0)}, xc.options());
-  if (xc.size(0) == 0 || wc.size(0) == 0) return y;
-  if (wc.scalar_type() == at::kBFloat16) {  // bf16 weights, float32 x (check_few_rows_linear_args)
-    const at::Tensor xb = few_rows_bf16_dot() ? xc.to(at::kBFloat16) : at::Tensor();  // bf16 products
-    few_rows_kernel<float, c10::BFloat16>(xc.data_ptr<float>(), wc.data_ptr<c10::BFloat16>(),
-                                          has_bias ? bc.data_ptr<float>() : nullptr, y.data_ptr<float>(),
-                                          xc.size(0), xc.size(1), wc.size(0),
-                                          xb.defined() ? xb.data_ptr<c10::BFloat16>() : nullptr);
-    return y;
-  }
-  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "few_rows_linear_cpu", [&] {
-    few_rows_kernel<scalar_t, scalar_t>(xc.data_ptr<scalar_t>(), wc.data_ptr<scalar_t>(),
-                              has_bias ? bc.data_ptr<scalar_t>() : nullptr, y.data_ptr<scalar_t>(), xc.size(0),
-                              xc.size(1), wc.size(0), nullptr);
-  });
-  return y;
+  return few_rows_call("few_rows_linear", x, weight, bias, weight.size(0),
+                       [&](auto xp, auto wp, auto bp, auto yp, int64_t rows, int64_t K, const c10::BFloat16* xb) {
+                         few_rows_kernel(xp, wp, bp, yp, rows, K, weight.size(0), xb);
+                       });
 }
 
 at::Tensor few_rows_linear_packed_cpu(const at::Tensor& x, const at::Tensor& packed,
                                       const std::optional<at::Tensor>& bias, int64_t out_features, int64_t panel) {
   check_few_rows_linear_packed_args(x, packed, bias, out_features, panel);
-  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kDouble,
-              "few_rows_linear_packed (CPU): float32 or float64, got ", x.scalar_type());
-  const bool has_bias = bias.has_value() && bias->defined();
-  auto xc = x.contiguous(), wc = packed.contiguous();
-  at::Tensor bc = has_bias ? bias->contiguous() : at::Tensor();
-  auto y = at::empty({xc.size(0), out_features}, xc.options());
-  if (xc.size(0) == 0 || out_features == 0) return y;
-  if (wc.scalar_type() == at::kBFloat16) {
-    const at::Tensor xb = few_rows_bf16_dot() ? xc.to(at::kBFloat16) : at::Tensor();  // bf16 products
-    packed_kernel<float, c10::BFloat16>(xc.data_ptr<float>(), wc.data_ptr<c10::BFloat16>(),
-                                        has_bias ? bc.data_ptr<float>() : nullptr, y.data_ptr<float>(),
-                                        xc.size(0), xc.size(1), out_features, panel,
-                                        xb.defined() ? xb.data_ptr<c10::BFloat16>() : nullptr);
-    return y;
-  }
-  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "few_rows_linear_packed_cpu", [&] {
-    packed_kernel<scalar_t, scalar_t>(xc.data_ptr<scalar_t>(), wc.data_ptr<scalar_t>(),
-                                      has_bias ? bc.data_ptr<scalar_t>() : nullptr, y.data_ptr<scalar_t>(),
-                                      xc.size(0), xc.size(1), out_features, panel, nullptr);
-  });
-  return y;
+  return few_rows_call("few_rows_linear_packed", x, packed, bias, out_features,
+                       [&](auto xp, auto wp, auto bp, auto yp, int64_t rows, int64_t K, const c10::BFloat16* xb) {
+                         packed_kernel(xp, wp, bp, yp, rows, K, out_features, panel, xb);
+                       });
 }
 
 }  // namespace fairseq_ext
