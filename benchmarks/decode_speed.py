@@ -27,6 +27,7 @@ import os
 import sys
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
@@ -108,6 +109,64 @@ def bytes_per_step(model, bsz, beam, src_len, tgt_len):
     return 4 * (dec + kv + enc_only / (tgt_len + 1))
 
 
+class _UncountedOpsRefused(TorchDispatchMode):
+    """Refuses ops whose arithmetic torch.utils.flop_counter does not count (this package's kernels,
+    oneDNN's packed products), so a FLOP count cannot silently leave a product out."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.namespace in ("fairseq_ext", "mkldnn"):
+            raise RuntimeError(f"{func} ran while counting FLOPs: the counter does not see its arithmetic")
+        return func(*args, **(kwargs or {}))
+
+
+def _cpu_attention_flops(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs):
+    from torch.utils.flop_counter import sdpa_flop_count
+
+    return sdpa_flop_count(query_shape, key_shape, value_shape)
+
+
+# scaled_dot_product_attention's CPU kernel (the encoder's attention), which the counter has no formula for
+_CPU_ATTENTION_FLOPS = {torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _cpu_attention_flops}
+
+
+def flops_per_step(model, task, bsz, beam, src_len, tgt_len):
+    """Floating-point operations of one decoding step of `bsz` sentences, the encoder's spread over the steps:
+    torch.utils.flop_counter's count (products, attention, convolutions) of one sentence decoded on the fast
+    path in fp32 with its PyTorch references (FAIRSEQ_EXT_NO_KERNELS=1; products on F.linear, not on packed
+    copies the counter cannot see; a top-1-of-N sparse FFN on its gather path: the chosen units' products),
+    times bsz (every sentence does the same work at a forced length). The
+    fast path's arithmetic is the model's without fairseq's repeats (fairseq computes the cross-attention's
+    keys and values once per beam row, the fast path once per sentence), whatever kernel then runs it."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from fairseq_ext.modules.sparse_feedforward import SparseFFNInput
+
+    sample = make_sample(1, src_len, len(task.target_dictionary), task.target_dictionary.eos(), 1)
+    gen = make_generator(model, task, beam, tgt_len, FAST)
+    # a top-1-of-N FFN's arithmetic is its chosen units' (the gather path), whichever path runs it
+    sparse = [m for m in model.modules() if isinstance(m, SparseFFNInput)]
+    modes = [m.mode for m in sparse]
+    for part, attr in ((gen.model, "encoder_packed"), (getattr(gen.model, "stepper", None), "packed")):
+        if hasattr(part, attr):
+            setattr(part, attr, False)
+    before = os.environ.get("FAIRSEQ_EXT_NO_KERNELS")
+    os.environ["FAIRSEQ_EXT_NO_KERNELS"] = "1"
+    try:
+        for m in sparse:
+            m.mode = "gather"
+        with torch.inference_mode(), FlopCounterMode(display=False, custom_mapping=_CPU_ATTENTION_FLOPS) as counter, \
+                _UncountedOpsRefused():
+            gen.generate([model], sample)
+    finally:
+        for m, mode in zip(sparse, modes):
+            m.mode = mode
+        if before is None:
+            del os.environ["FAIRSEQ_EXT_NO_KERNELS"]
+        else:
+            os.environ["FAIRSEQ_EXT_NO_KERNELS"] = before
+    return bsz * counter.get_total_flops() / (tgt_len + 1)
+
+
 def int8_saving(model):
     """Bytes an int8 decoder does not read: 3 of the 4 bytes of every decoder nn.Linear weight (what
     `--int8` quantizes; the output projection included). Call before the model is quantized."""
@@ -181,6 +240,13 @@ def _run_batches(models, names, baseline, batch_sizes, beam, src_len, tgt_len, r
     step_bytes = {(name, bsz): bytes_per_step(models[name][0], bsz, beam, src_len, tgt_len)
                   - (int8_saving(models[name][0]) if name.endswith((INT8, "ct2int8")) else 0)
                   for name in names for bsz in batch_sizes}
+    # arithmetic per step, counted once per distinct model (a +fast / +ct2 name shares its model's count)
+    counted = {}
+    for name in names:
+        key = id(models[name][0])
+        if key not in counted:
+            counted[key] = flops_per_step(*models[name], 1, beam, src_len, tgt_len)
+    step_flops = {name: counted[id(models[name][0])] for name in names}
     for bsz in batch_sizes:
         fns, peaks, enc_ms = {}, {}, {}
         for name in names:
@@ -218,7 +284,7 @@ def _run_batches(models, names, baseline, batch_sizes, beam, src_len, tgt_len, r
             roof_ms = 1000 * nbytes / bandwidth
             med_ms = common.summary(ms_step)["median"]
             result["models"][name]["results"][bsz] = {
-                "bytes_per_step": nbytes, "encoder_ms": enc_ms.get(name),
+                "bytes_per_step": nbytes, "flops_per_step": bsz * step_flops[name], "encoder_ms": enc_ms.get(name),
                 "seconds": times[name], "tokens_per_s": common.summary(tok_s),
                 "ms_per_step": common.summary(ms_step), "peak_rss_delta_mb": peaks[name] / 2**20,
                 "roofline_ms_per_step": roof_ms, "roofline_pct": 100 * roof_ms / med_ms}

@@ -133,6 +133,13 @@ PRESETS = {
                               "transformer_balanced+bf16", "can_decoder+fast", "can_decoder+bf16", "transformer+fast",
                               "transformer+bf16", "sas_block+fast", "sas_block+bf16"],
                              ["--beam", "5", "--repeats", "3"]),
+    # ... batched: 16 sentences x beam 5 per step, fp32: each family's speed against its paper's baseline next to
+    # the ratio of their FLOPs per step (counted on the fast path's arithmetic), sentences/s
+    "decode_roofline_batched": (decode_speed, "transformer_wmt_en_de_big+fast",
+                                ["one_wide_ffn_big+fast", "scaling_sparse_ff+fast", "scaling_sparse_qkv+fast",
+                                 "scaling_sparse+fast", "one_wide_sparse_ffn_big+fast", "transformer_balanced+fast",
+                                 "can_decoder+fast", "transformer+fast", "sas_block+fast", "terraformer+fast"],
+                                ["--beam", "5", "--batch-sizes", "16", "--repeats", "3"]),
     # Terraformer decoding vs Transformer Big and the Scaling Transformer (paper §4.4: 0.086 s vs 0.061 s
     # per token for Terraformer vs the sparse Transformer), unbatched greedy decoding, with fairseq's
     # generator and on the fast path

@@ -7,6 +7,8 @@
 //   with an additive padding bias enc_bias (B, S) (0 or -inf) or none; the decoder's own keys/values in
 //   a preallocated cache k_self (B, H, cap, dh), v_self (B, H, cap, dvh) of which the first self_len
 //   positions are valid; xw1 = X·W1 + b1 (B, H·dvh); W2 (d, H·dvh) (fc2.weight), b2 (d).
+//   self_rows (B, >= self_len) int64, optional (CPU): position j of row b's history is at row self_rows[b, j]
+//   of the caches, which then may have any number of rows (beam search reorders this table, not the caches).
 //   p     = softmax over [q·k_enc + enc_bias ; q·k_self[:self_len]]     (one softmax, Eq. 11)
 //   ctx_h = Σ_j p_j v_j                                                  (values in FFN-hidden space)
 //   y     = ReLU(xw1 + ctx)·W2ᵀ + b2                                      (Eq. 13)
@@ -20,7 +22,8 @@ namespace fairseq_ext {
 void check_compressed_attention_args(const at::Tensor& q, const at::Tensor& k_enc, const at::Tensor& v_enc,
                                      const std::optional<at::Tensor>& enc_bias, const at::Tensor& k_self,
                                      const at::Tensor& v_self, int64_t self_len, const at::Tensor& xw1,
-                                     const at::Tensor& w2, const at::Tensor& b2) {
+                                     const at::Tensor& w2, const at::Tensor& b2,
+                                     const std::optional<at::Tensor>& self_rows) {
   const char* op = "compressed_attention_decode";
   TORCH_CHECK(q.dim() == 3, op, ": q must be (batch, heads, head_dim), got ", q.sizes());
   const auto b = q.size(0), h = q.size(1), dh = q.size(2);
@@ -30,11 +33,19 @@ void check_compressed_attention_args(const at::Tensor& q, const at::Tensor& k_en
   TORCH_CHECK(v_enc.dim() == 4 && v_enc.size(0) == b && v_enc.size(1) == h && v_enc.size(2) == s, op,
               ": v_enc must be (", b, ", ", h, ", ", s, ", value_head_dim), got ", v_enc.sizes());
   const auto dvh = v_enc.size(3);
-  TORCH_CHECK(k_self.dim() == 4 && k_self.size(0) == b && k_self.size(1) == h && k_self.size(3) == dh, op,
-              ": k_self must be (", b, ", ", h, ", capacity, ", dh, "), got ", k_self.sizes());
-  TORCH_CHECK(v_self.dim() == 4 && v_self.size(0) == b && v_self.size(1) == h && v_self.size(2) == k_self.size(2) &&
-              v_self.size(3) == dvh, op, ": v_self must be (", b, ", ", h, ", ", k_self.size(2), ", ", dvh, "), got ",
-              v_self.sizes());
+  // with self_rows the caches' rows are any rows the table points to; without, one per query row
+  const auto cache_rows = self_rows.has_value() ? k_self.size(0) : b;
+  TORCH_CHECK(k_self.dim() == 4 && k_self.size(0) == cache_rows && k_self.size(1) == h && k_self.size(3) == dh, op,
+              ": k_self must be (", cache_rows, ", ", h, ", capacity, ", dh, "), got ", k_self.sizes());
+  TORCH_CHECK(v_self.dim() == 4 && v_self.size(0) == cache_rows && v_self.size(1) == h &&
+              v_self.size(2) == k_self.size(2) && v_self.size(3) == dvh, op, ": v_self must be (", cache_rows, ", ", h,
+              ", ", k_self.size(2), ", ", dvh, "), got ", v_self.sizes());
+  if (self_rows.has_value()) {
+    TORCH_CHECK(self_rows->dim() == 2 && self_rows->size(0) == b && self_rows->size(1) >= self_len, op,
+                ": self_rows must be (", b, ", >= self_len ", self_len, "), got ", self_rows->sizes());
+    TORCH_CHECK(self_rows->scalar_type() == at::kLong && self_rows->device() == q.device(), op,
+                ": self_rows must be int64 on q's device, got ", self_rows->scalar_type(), " on ", self_rows->device());
+  }
   TORCH_CHECK(self_len >= 0 && self_len <= k_self.size(2), op, ": self_len ", self_len,
               " must be within the cache capacity ", k_self.size(2));
   TORCH_CHECK(s + self_len > 0, op, ": no keys to attend to (src_len 0 and self_len 0)");
@@ -64,5 +75,5 @@ void check_compressed_attention_args(const at::Tensor& q, const at::Tensor& k_en
 
 TORCH_LIBRARY_FRAGMENT(fairseq_ext, m) {
   m.def("compressed_attention_decode(Tensor q, Tensor k_enc, Tensor v_enc, Tensor? enc_bias, Tensor k_self, "
-        "Tensor v_self, int self_len, Tensor xw1, Tensor w2, Tensor b2) -> Tensor");
+        "Tensor v_self, int self_len, Tensor xw1, Tensor w2, Tensor b2, Tensor? self_rows=None) -> Tensor");
 }

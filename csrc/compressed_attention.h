@@ -10,7 +10,8 @@ namespace fairseq_ext {
 void check_compressed_attention_args(const at::Tensor& q, const at::Tensor& k_enc, const at::Tensor& v_enc,
                                      const std::optional<at::Tensor>& enc_bias, const at::Tensor& k_self,
                                      const at::Tensor& v_self, int64_t self_len, const at::Tensor& xw1,
-                                     const at::Tensor& w2, const at::Tensor& b2);
+                                     const at::Tensor& w2, const at::Tensor& b2,
+                                     const std::optional<at::Tensor>& self_rows);
 
 // CUDA builds only (csrc/cuda/compressed_attention.cu): hidden = ReLU(xw1 + A·V) for every (batch, head)
 // on q's current stream, over arguments already checked, made contiguous and allocated by

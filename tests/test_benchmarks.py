@@ -46,9 +46,38 @@ def test_decode_speed_quick(tmp_path):
             m = r["models"][name]["results"][bsz]
             assert len(m["seconds"]) == r["settings"]["repeats"]
             assert m["tokens_per_s"]["median"] > 0 and m["roofline_pct"] > 0
+            assert m["flops_per_step"] == pytest.approx(int(bsz) * r["models"][name]["results"]["1"]["flops_per_step"])
             assert r["models"][name]["params"] > 0
         _check_ratios(r["ratios"][bsz][TINY[1]], r["models"][TINY[0]]["results"][bsz]["seconds"],
                       r["models"][TINY[1]]["results"][bsz]["seconds"])
+
+
+def test_flops_per_step_is_a_transformers_arithmetic():
+    """The counted FLOPs of a step are a stock Transformer's products, worked out by hand: every decoder
+    projection and the output projection per hypothesis, attention over the self-attention cache (averaged
+    over the steps) and the source, and once per sentence, spread over the steps, the encoder and the
+    cross-attention's keys and values (once per sentence, not per beam row)."""
+    model, task = common.build_model(TINY[0], 500)
+    beam, src, tgt, bsz = 3, 9, 6, 2
+    steps, rows = tgt + 1, bsz * beam
+    enc, dec = model.encoder.layers, model.decoder.layers
+    d, ffn, vocab = dec[0].embed_dim, dec[0].fc1.out_features, len(task.target_dictionary)
+    per_row = len(dec) * (6 * d * d + 2 * d * ffn) + vocab * d  # q, k, v, out; cross q, out; FFN; output
+    attention = len(dec) * 2 * d * ((tgt + 2) / 2 + src)  # scores and weighted sum, self + cross
+    per_sentence = len(enc) * src * (4 * d * d + 2 * d * ffn) + len(enc) * 2 * src * src * d \
+        + len(dec) * src * 2 * d * d  # encoder products, encoder attention, cross-attention keys and values
+    expect = 2 * (rows * (per_row + attention) + bsz * per_sentence / steps)
+    assert decode_speed.flops_per_step(model, task, bsz, beam, src, tgt) == pytest.approx(expect, rel=1e-9)
+
+
+def test_flop_count_refuses_ops_it_cannot_see():
+    """A kernel of this package inside the count would add no FLOPs: the count stops instead."""
+    if not hasattr(torch.ops.fairseq_ext, "few_rows_linear"):
+        pytest.skip("the extension is not built: its ops cannot run")
+    x, w = torch.randn(3, 8), torch.randn(5, 8)
+    with pytest.raises(RuntimeError, match="few_rows_linear.*counter does not see"):
+        with decode_speed._UncountedOpsRefused():
+            torch.ops.fairseq_ext.few_rows_linear(x, w, None)
 
 
 def test_train_speed_quick(tmp_path):

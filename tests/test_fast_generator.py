@@ -375,3 +375,29 @@ def test_written_cache_reorders_in_place():
     k, v = steps[17][0][:4], steps[17][1][:4]
     kbuf, vbuf, n = write_to_cache(state, k, v)
     assert n == 18 and torch.equal(kbuf[:, :, :18], torch.cat([full_k, k.unsqueeze(2)], 2))
+
+
+def test_row_cache_reorders_its_table_and_reads_as_the_written_cache():
+    """kv_cache.write_to_row_cache + reorder_caches (CAN's stepper): beam search reorders the row table, the
+    buffers stay where they were written (no copy), and every history read through the table
+    (ops.compressed_attention.gather_history) equals write_to_cache's reordered buffers, across reorders that
+    shrink the batch and a capacity doubling."""
+    from fairseq_ext.modules.kv_cache import reorder_caches, write_to_cache, write_to_row_cache
+    from fairseq_ext.ops.compressed_attention import gather_history
+
+    torch.manual_seed(1)
+    plain, table = {}, {}
+    orders = {3: torch.tensor([1, 1, 0, 5, 4, 2]), 9: torch.tensor([2, 2, 5, 0, 1, 3]), 15: torch.tensor([3, 0, 0, 2]),
+              17: torch.tensor([1, 3, 3, 0])}
+    for step in range(20):
+        rows = 6 if step <= 15 else 4
+        k, v = torch.randn(rows, 3, 5), torch.randn(rows, 3, 7)
+        kbuf, vbuf, n = write_to_cache(plain, k, v)
+        kt, vt, rt, nt = write_to_row_cache(table, k, v, prefix="can_")
+        assert nt == n and kt.size(0) == 6  # the buffers keep the first batch's rows
+        assert torch.equal(gather_history(kt, n, rt), kbuf[:, :, :n]) and torch.equal(gather_history(vt, n, rt), vbuf[:, :, :n])
+        if step in orders:
+            ptr = kt.data_ptr()
+            reorder_caches(plain, orders[step])
+            reorder_caches(table, orders[step])
+            assert table["can_kbuf"].data_ptr() == ptr and table["can_rows"].size(0) == orders[step].numel()

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from fairseq_ext import ops
-from fairseq_ext.ops.compressed_attention import compressed_attention_decode_reference
+from fairseq_ext.ops.compressed_attention import compressed_attention_decode_reference, gather_history
 from fairseq_ext.ops.sparse_ffn import sparse_ffn_decode_reference
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -460,6 +460,48 @@ def test_compressed_attention_decode_bf16_w2_equals_reference(b, h, dh, dvh, src
     out = torch.ops.fairseq_ext.compressed_attention_decode(*args)
     ref = compressed_attention_decode_reference(*[a.double() if torch.is_tensor(a) else a for a in args])
     torch.testing.assert_close(out.double(), ref, rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("b,h,dh,dvh,src,cap,self_len,d", CAN_SHAPES)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_compressed_attention_decode_follows_the_row_table(b, h, dh, dvh, src, cap, self_len, d, dtype):
+    """self_rows (CPU): position j of row b's history read from cache row self_rows[b, j] of caches with
+    more rows than queries; equal to the op on the histories gathered into caches of their own, and the
+    reference's gather is that gathering. Cache entries the table does not point to are never read (NaN)."""
+    pad = [(0, max(1, src - 2))] if src > 2 else ()
+    args = _can_args(b, h, dh, dvh, src, cap, self_len, d, dtype, seed=b * 3 + cap, pad=pad)
+    g = torch.Generator().manual_seed(cap)
+    cache_rows = b + 2
+    k_self, v_self = (torch.randn(cache_rows, h, cap, n, generator=g, dtype=torch.float64).to(dtype) for n in (dh, dvh))
+    rows = torch.randint(0, cache_rows, (b, cap), generator=g)
+    used = torch.zeros(cache_rows, cap, dtype=torch.bool)
+    used[rows[:, :self_len], torch.arange(self_len)] = True
+    for c in (k_self, v_self):  # (cache row, position) pairs no history reads
+        c.transpose(1, 2)[~used] = float("nan")
+    own_k, own_v = (gather_history(c, self_len, rows) for c in (k_self, v_self))
+    dbl = [a.double() if torch.is_tensor(a) else a for a in args]
+    expect = compressed_attention_decode_reference(*dbl[:4], own_k.double(), own_v.double(), self_len, *dbl[7:])
+    out = torch.ops.fairseq_ext.compressed_attention_decode(*args[:4], k_self, v_self, self_len, *args[7:], rows)
+    tol = {torch.float64: 1e-12, torch.float32: 2e-5}[dtype]
+    torch.testing.assert_close(out.double(), expect, rtol=tol, atol=tol)
+    ref = compressed_attention_decode_reference(*args[:4], k_self, v_self, self_len, *args[7:], self_rows=rows)
+    torch.testing.assert_close(ref.double(), expect, rtol=tol, atol=tol)
+    if self_len:
+        assert torch.equal(own_k[0, :, 0], k_self[rows[0, 0], :, 0])
+
+
+def test_compressed_attention_decode_row_table_errors():
+    args = _can_args(2, 2, 8, 12, 5, 6, 3, 16, torch.float32, seed=6)
+    k_self, v_self = torch.randn(4, 2, 6, 8), torch.randn(4, 2, 6, 12)
+    call = lambda rows: torch.ops.fairseq_ext.compressed_attention_decode(*args[:4], k_self, v_self, 3, *args[7:], rows)
+    with pytest.raises(RuntimeError, match="self_rows must point to rows of the caches \\(0 to 3\\)"):
+        call(torch.tensor([[0, 1, 4], [0, 0, 0]]))
+    with pytest.raises(RuntimeError, match="self_rows must be \\(2, >= self_len 3\\)"):
+        call(torch.zeros(2, 2, dtype=torch.long))
+    with pytest.raises(RuntimeError, match="self_rows must be int64"):
+        call(torch.zeros(2, 3, dtype=torch.int32))
+    with pytest.raises(RuntimeError, match="k_self must be \\(2, 2, capacity, 8\\)"):  # no table: a row per query
+        torch.ops.fairseq_ext.compressed_attention_decode(*args[:4], k_self, v_self, 3, *args[7:])
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -259,6 +259,12 @@ def test_decode_roofline_counts_only_gathered_rows():
     model = build_model("scaling_sparse_ff", 32000, ["--encoder-layers", "1", "--decoder-layers", "1"])
     fc1 = model.decoder.layers[0].fc1
     assert fc1.use_gather(1) and fc1.use_gather(16) and not fc1.use_gather(17)
+    # the compiled op: up to N tokens; on a CPU any number for N >= 32 (N = 64 here), on CUDA up to N
+    assert fc1.use_gather(64, kernel=True, device_type="cuda") and not fc1.use_gather(65, kernel=True, device_type="cuda")
+    assert fc1.use_gather(5000, kernel=True, device_type="cpu")
+    fc1.block_size = 16
+    assert fc1.use_gather(16, kernel=True) and not fc1.use_gather(17, kernel=True)
+    fc1.block_size = 64
     sparse = bytes_per_step(model, 1, 1, 20, 20)
     fc1.mode = "dense"
     dense = bytes_per_step(model, 1, 1, 20, 20)

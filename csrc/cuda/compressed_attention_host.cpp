@@ -13,8 +13,11 @@ namespace {
 at::Tensor compressed_attention_decode_cuda(const at::Tensor& q, const at::Tensor& k_enc, const at::Tensor& v_enc,
                                             const std::optional<at::Tensor>& enc_bias, const at::Tensor& k_self,
                                             const at::Tensor& v_self, int64_t self_len, const at::Tensor& xw1,
-                                            const at::Tensor& w2, const at::Tensor& b2) {
-  check_compressed_attention_args(q, k_enc, v_enc, enc_bias, k_self, v_self, self_len, xw1, w2, b2);
+                                            const at::Tensor& w2, const at::Tensor& b2,
+                                            const std::optional<at::Tensor>& self_rows) {
+  check_compressed_attention_args(q, k_enc, v_enc, enc_bias, k_self, v_self, self_len, xw1, w2, b2, self_rows);
+  TORCH_CHECK(!self_rows.has_value(), "compressed_attention_decode (CUDA): self_rows is CPU-only; reorder the "
+              "caches and pass none");
   const auto dtype = q.scalar_type();
   TORCH_CHECK(dtype == at::kFloat || dtype == at::kDouble || dtype == at::kHalf || dtype == at::kBFloat16,
               "compressed_attention_decode (CUDA): float32, float64, float16 or bfloat16, got ", dtype);

@@ -40,9 +40,10 @@ from ..models.can import CANDecoderLayer
 from ..models.sas import SASDecoderLayer
 from ..models.terraformer import TerraformerDecoder
 from ..modules.fused_linear import FusedLinearWeights
-from ..modules.kv_cache import reorder_written_cache, write_to_cache
+from ..modules.kv_cache import reorder_caches, write_to_cache, write_to_row_cache
 from ..modules.multiplicative import SparseQKVAttention, conv_last_step, conv_patch_matrix
-from ..ops.compressed_attention import compressed_attention_decode, compressed_attention_hidden_reference
+from ..ops.compressed_attention import (compressed_attention_decode, compressed_attention_hidden_reference,
+                                       gather_history)
 from ..ops.few_rows_linear import PANEL, pack_panels
 from ..ops.few_rows_linear import kernel_applies as few_rows_linear_applies
 from ..ops.int8_linear import Int8Linear
@@ -263,7 +264,7 @@ class Stepper:
     # ---- beam reordering ----
     def reorder(self, order: Tensor):
         for cache in self.caches:
-            reorder_written_cache(cache, order)
+            reorder_caches(cache, order)
         for cross in self.cross:  # per sentence: re-indexed only when sentences leave the batch
             if cross is None:
                 continue
@@ -402,7 +403,9 @@ class CANStepper(Stepper):
     self-attention before it with --can-compress ffn, fairseq's FFN after it with --can-compress attention)
     as the Transformer stepper runs it. The encoder keys/values (values in the FFN-hidden space, or the model
     space without FFN) are stored per beam row, as the op reads them, and re-indexed only when finished
-    sentences leave the batch."""
+    sentences leave the batch. The decoder's own keys/values (values FFN-wide: the largest cache of any
+    stepper) stay where they were written; the op reads them through a row table (kv_cache.write_to_row_cache)
+    that beam search reorders instead of the buffers."""
 
     @classmethod
     def layer_reason(cls, i, layer):
@@ -444,19 +447,21 @@ class CANStepper(Stepper):
         else:
             proj = [p[0] for p in can._x_projections(h.unsqueeze(0))]
         q = (proj.pop(0) * can.scaling).view(b, heads, can.head_dim)
+        rows = None  # the decoder's keys/values: buffers beam search leaves in place, read through a row table
         if can.self_attention:
-            k_s, v_s, n = write_to_cache(self.caches[i], proj.pop(0).view(b, heads, can.head_dim),
-                                         proj.pop(0).view(b, heads, can.value_head_dim))
+            k_s, v_s, rows, n = write_to_row_cache(self.caches[i], proj.pop(0).view(b, heads, can.head_dim),
+                                                   proj.pop(0).view(b, heads, can.value_head_dim), prefix="can_")
         else:  # --can-compress ffn: no decoder keys in this softmax
             k_s, v_s, n = q.new_zeros(b, heads, 0, can.head_dim), q.new_zeros(b, heads, 0, can.value_head_dim), 0
         k_e, v_e, bias = self.enc_kv[i]
         if not can.ffn:  # --can-compress attention: one softmax over both parts, then the output projection
-            return self._module(can.out_proj, _attend_two(q, k_e, v_e, bias, k_s[:, :, :n], v_s[:, :, :n]))
+            return self._module(can.out_proj, _attend_two(q, k_e, v_e, bias, gather_history(k_s, n, rows),
+                                                          gather_history(v_s, n, rows)))
         xw1 = proj.pop(0)
         if type(can.fc2) is nn.Linear:  # Eq. 11 + 13 in one call (the csrc kernel when built)
             w2 = self._bf16_copy(can.fc2.weight) if self.bf16 and self.kernel else can.fc2.weight
-            return compressed_attention_decode(q, k_e, v_e, bias, k_s, v_s, n, xw1, w2, can.fc2.bias)
-        hidden = compressed_attention_hidden_reference(q, k_e, v_e, bias, k_s, v_s, n, xw1)
+            return compressed_attention_decode(q, k_e, v_e, bias, k_s, v_s, n, xw1, w2, can.fc2.bias, rows)
+        hidden = compressed_attention_hidden_reference(q, k_e, v_e, bias, k_s, v_s, n, xw1, rows)
         return can.fc2(hidden)  # an int8-quantized second FFN layer
 
     @staticmethod

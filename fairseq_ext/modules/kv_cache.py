@@ -2,7 +2,9 @@
 package (compressed, sparse QKV, shaped). `append_to_cache` grows the cache by concatenation, as fairseq's
 own MultiheadAttention does; `write_to_cache` writes one step in place into a preallocated buffer that
 doubles when full (the decoding ops read its valid prefix; `reorder_written_cache` reorders it in place
-for beam search). `mask_scores` applies key padding and an additive mask for the sparse QKV and Terraformer
+for beam search); `write_to_row_cache` keeps beside such buffers a table of which buffer row holds each
+position of each hypothesis's history, so beam search reorders the table instead of the buffers
+(`reorder_caches` reorders both kinds). `mask_scores` applies key padding and an additive mask for the sparse QKV and Terraformer
 attentions.
 """
 from typing import Dict, Optional
@@ -65,6 +67,43 @@ def reorder_written_cache(state: Dict[str, Tensor], order: Tensor, prefix: str =
         buf[:, :, :n] = moved
         state[name] = buf
     state[lk] = state[lk].index_select(0, order)
+
+
+def write_to_row_cache(state: Dict[str, Tensor], k: Tensor, v: Tensor, prefix: str = ""):
+    """write_to_cache for a reader that follows a row table (ops.compressed_attention_decode's self_rows):
+    one step's key and value (B, H, d) written at position n of buffer rows 0..B-1, and the table
+    prefix + "rows" (B, cap) int64, whose entry [b, j] is the buffer row holding position j of row b's
+    history, set to b at position n. Beam search reorders the table (reorder_caches), not the buffers: a new
+    position is never in anyone's history, so writing it into rows other histories read at earlier
+    positions is safe. Returns the buffers, the table and n + 1."""
+    kk, vk, rk, nk = prefix + "kbuf", prefix + "vbuf", prefix + "rows", prefix + "n"
+    b, n = k.size(0), state.get(nk, 0)
+    if kk not in state or n == state[kk].size(2):
+        cap = max(16, 2 * n)
+        for name, new in ((kk, k), (vk, v)):
+            old = state.get(name)
+            buf = new.new_empty(max(b, old.size(0) if old is not None else 0), new.size(1), cap, new.size(2))
+            if n:
+                buf[: old.size(0), :, :n] = old[:, :, :n]
+            state[name] = buf
+        table = torch.empty(b, cap, dtype=torch.long, device=k.device)
+        if n:
+            table[:, :n] = state[rk][:, :n]
+        state[rk] = table
+    state[kk][:b, :, n] = k
+    state[vk][:b, :, n] = v
+    state[rk][:, n] = torch.arange(b, device=k.device)
+    state[nk] = n + 1
+    return state[kk], state[vk], state[rk], n + 1
+
+
+def reorder_caches(state: Dict[str, Tensor], order: Tensor):
+    """Beam reordering of every cache kept in `state`: write_to_cache's buffers in place
+    (reorder_written_cache), write_to_row_cache's row table."""
+    for key in [key for key in state if key.endswith("len")]:
+        reorder_written_cache(state, order, key[: -len("len")])
+    for key in [key for key in state if key.endswith("rows")]:
+        state[key] = state[key].index_select(0, order)
 
 
 def mask_scores(scores: Tensor, pad: Optional[Tensor], attn_mask: Optional[Tensor]) -> Tensor:

@@ -14,7 +14,9 @@ Eval: choice = argmax(logits) (no noise), mask = one-hot. Two eval paths give th
 `mode` "auto" takes gather when the step has at most N/4 tokens: it reads tokens·d_ff/N rows of each
 matrix instead of d_ff, but copies them (read, write, read: ~3x the bytes) in pure PyTorch. With the
 compiled extension (fairseq_ext/ops/sparse_ffn.py) an eval forward without autograd on up to N tokens
-runs the fused kernel instead, which reads the chosen rows in place.
+runs the fused kernel instead, which reads the chosen rows in place; on a CPU, any number of tokens
+when N >= GATHER_MIN_BLOCK_CPU (batched decoding, the encoder: the dense FFN's arithmetic costs more
+than the kernel's reads).
 
 For use inside fairseq's Transformer layers (which call fc2(dropout(activation(fc1(x))))) the layer is
 split in `fc1` (controller, W1, ReLU, mask) and `fc2` (W2, b2); `install_sparse_ffn` puts them in a layer
@@ -31,6 +33,10 @@ from ..ops.sparse_ffn import kernel_applies, sparse_ffn_decode
 from .reversible import decision
 
 MODES = ("auto", "dense", "gather")
+# On a CPU the compiled op serves any number of tokens when a block has at least this many units. Measured
+# (benchmarks/sparse_ffn_speed.py, d 1024, d_ff 6656, 2 threads, AMD EPYC, 80 and 320 tokens): N = 32
+# 1.5-2.0x faster than the dense FFN, N = 64 2.7-3.1x, N = 128 4.2-4.8x; N = 16 0.80-0.92x (dense wins).
+GATHER_MIN_BLOCK_CPU = 32
 
 
 def check_block_size(ffn_dim, block_size, flag="--sparse-ffn-block-size", width_flag="the FFN width"):
@@ -92,13 +98,16 @@ class SparseFFNInput(nn.Module):
         """Eval-mode choice per block: (n, d_ff/N) index in [0, N)."""
         return self.controller_logits(x).argmax(-1)
 
-    def use_gather(self, num_tokens, kernel=False):
+    def use_gather(self, num_tokens, kernel=False, device_type="cpu"):
         if self.mode not in MODES:
             raise ValueError(f"SparseFFNInput.mode {self.mode!r}: choose one of {MODES}")
         # the compiled op reads the chosen rows in place: worth it below N tokens (fewer rows than
         # d_ff); the PyTorch gather copies them (read, write, read again): below ~N/4 tokens
         limit = num_tokens if kernel else 4 * num_tokens
-        return self.mode == "gather" or (self.mode == "auto" and limit <= self.block_size)
+        # beyond N tokens the dense FFN is compute-bound (4·d·d_ff FLOPs a token) where the CPU kernel reads
+        # 2·d_ff/N rows a token: the kernel stays faster for blocks of GATHER_MIN_BLOCK_CPU units or more
+        many = kernel and device_type == "cpu" and self.block_size >= GATHER_MIN_BLOCK_CPU
+        return self.mode == "gather" or (self.mode == "auto" and (limit <= self.block_size or many))
 
     def decode_weight_reads(self, tokens):
         """{id(parameter): elements read} of W1 and W2 by an eval forward over `tokens` tokens, for the
@@ -106,7 +115,7 @@ class SparseFFNInput(nn.Module):
         from ..ops import kernels_enabled
 
         rows = self.out_features
-        if self.use_gather(tokens, kernel=kernels_enabled()):
+        if self.use_gather(tokens, kernel=kernels_enabled(), device_type=self.weight.device.type):
             rows = min(tokens * self.num_blocks, self.out_features)
         return {id(self.weight): rows * self.in_features, id(self._output.weight): rows * self.in_features}
 
@@ -115,7 +124,8 @@ class SparseFFNInput(nn.Module):
         x2 = x.reshape(-1, x.size(-1))  # (n, d)
         n = x2.size(0)
         self._pending = None
-        if not self.training and self.use_gather(n, kernel=kernel_applies(x2, self.controller1.size(0))):
+        if not self.training and self.use_gather(n, kernel=kernel_applies(x2, self.controller1.size(0)),
+                                                 device_type=x2.device.type):
             # the whole FFN reading only the chosen rows: the csrc kernel, or its PyTorch reference
             out = self._output
             self._pending = sparse_ffn_decode(x2, self.controller1, self.controller2, self.controller_bias,

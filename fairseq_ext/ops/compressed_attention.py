@@ -2,13 +2,16 @@
 al. 2021, Eq. 11 and 13) after the fused input projection (kernels: csrc/compressed_attention.cpp,
 csrc/cpu/compressed_attention.cpp, csrc/cuda/compressed_attention{.cu,_host.cpp}).
 
-    y = compressed_attention_decode(q, k_enc, v_enc, enc_bias, k_self, v_self, self_len, xw1, w2, b2)
+    y = compressed_attention_decode(q, k_enc, v_enc, enc_bias, k_self, v_self, self_len, xw1, w2, b2,
+                                    self_rows=None)
 
 q: (B, H, dh) scaled query; k_enc, v_enc: (B, H, S, dh / dvh) encoder keys and values (values in the
 FFN-hidden space); enc_bias: (B, S) additive padding bias (0 / -inf) or None; k_self, v_self: (B, H, cap,
 dh / dvh) the decoder's key/value cache of which the first self_len positions are valid; xw1: (B, H·dvh)
 = X·W1 + b1; w2: (d, H·dvh) fc2.weight (q's dtype, or bfloat16 with float32 q on a CPU: the fast
-path's --bf16, read as bf16 and widened exactly); b2: (d). Returns ReLU(xw1 + A·V)·W2ᵀ + b2: (B, d), with A one
+path's --bf16, read as bf16 and widened exactly); b2: (d); self_rows: None, or (B, >= self_len) int64:
+position j of row b's history is at row self_rows[b, j] of the caches, which may then have any number of
+rows (the fast path's beam search reorders this table instead of the caches). Returns ReLU(xw1 + A·V)·W2ᵀ + b2: (B, d), with A one
 softmax over the encoder and decoder keys. `compressed_attention_decode_reference` is the PyTorch spec
 and the fallback.
 """
@@ -18,10 +21,19 @@ import torch.nn.functional as F
 from . import kernel_serves
 
 
-def compressed_attention_hidden_reference(q, k_enc, v_enc, enc_bias, k_self, v_self, self_len, xw1):
+def gather_history(cache, self_len, self_rows=None):
+    """The first self_len positions of each row's history, (B, H, self_len, d): the cache's own rows, or
+    position j of row b from cache row self_rows[b, j]."""
+    if self_rows is None:
+        return cache[:, :, :self_len]
+    positions = torch.arange(self_len, device=cache.device)
+    return cache[self_rows[:, :self_len], :, positions].permute(0, 2, 1, 3)  # (B, n, H, d) -> (B, H, n, d)
+
+
+def compressed_attention_hidden_reference(q, k_enc, v_enc, enc_bias, k_self, v_self, self_len, xw1, self_rows=None):
     """ReLU(xw1 + A·V): (B, H·dvh), the FFN-hidden row before the second FFN layer (the fast path's int8
     step applies a quantized fc2 to it)."""
-    k_s, v_s = k_self[:, :, :self_len], v_self[:, :, :self_len]
+    k_s, v_s = gather_history(k_self, self_len, self_rows), gather_history(v_self, self_len, self_rows)
     s_enc = torch.einsum("bhd,bhsd->bhs", q, k_enc)
     if enc_bias is not None:
         s_enc = s_enc + enc_bias.unsqueeze(1)
@@ -31,8 +43,10 @@ def compressed_attention_hidden_reference(q, k_enc, v_enc, enc_bias, k_self, v_s
     return F.relu(xw1 + ctx.reshape(xw1.shape))
 
 
-def compressed_attention_decode_reference(q, k_enc, v_enc, enc_bias, k_self, v_self, self_len, xw1, w2, b2):
-    hidden = compressed_attention_hidden_reference(q, k_enc, v_enc, enc_bias, k_self, v_self, self_len, xw1)
+def compressed_attention_decode_reference(q, k_enc, v_enc, enc_bias, k_self, v_self, self_len, xw1, w2, b2,
+                                          self_rows=None):
+    hidden = compressed_attention_hidden_reference(q, k_enc, v_enc, enc_bias, k_self, v_self, self_len, xw1,
+                                                   self_rows)
     return F.linear(hidden, w2.to(hidden.dtype), b2)  # Eq. 13
 
 
@@ -48,17 +62,19 @@ def kernel_applies(q):
     return kernel_serves("compressed_attention_decode", q, KERNEL_DTYPES)
 
 
-def compressed_attention_decode(q, k_enc, v_enc, enc_bias, k_self, v_self, self_len, xw1, w2, b2):
-    if kernel_applies(q):
+def compressed_attention_decode(q, k_enc, v_enc, enc_bias, k_self, v_self, self_len, xw1, w2, b2, self_rows=None):
+    if kernel_applies(q):  # (CPU: self_rows is CPU-only in the kernels)
         return torch.ops.fairseq_ext.compressed_attention_decode(q, k_enc, v_enc, enc_bias, k_self, v_self,
-                                                                  self_len, xw1, w2, b2)
-    return compressed_attention_decode_reference(q, k_enc, v_enc, enc_bias, k_self, v_self, self_len, xw1, w2, b2)
+                                                                  self_len, xw1, w2, b2, self_rows)
+    return compressed_attention_decode_reference(q, k_enc, v_enc, enc_bias, k_self, v_self, self_len, xw1, w2, b2,
+                                                 self_rows)
 
 
 if hasattr(torch.library, "register_fake"):
     try:
         @torch.library.register_fake("fairseq_ext::compressed_attention_decode")
-        def _compressed_attention_decode_fake(q, k_enc, v_enc, enc_bias, k_self, v_self, self_len, xw1, w2, b2):
+        def _compressed_attention_decode_fake(q, k_enc, v_enc, enc_bias, k_self, v_self, self_len, xw1, w2, b2,
+                                              self_rows=None):
             return q.new_empty(q.size(0), w2.size(0))
     except (RuntimeError, ValueError):  # extension not loaded (no such op), or registered already
         pass

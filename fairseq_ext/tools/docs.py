@@ -14,6 +14,8 @@ KIND and ARGS:
   writes PRESET.md), with the command and the machine it ran on;
 - `roofline [PRESET]`: per family, bytes per step, roofline, fp32, bf16 and int8 ms/step, encoder time, ratios
   (from docs/benchmarks/decode_roofline.json, see ROOFLINE);
+- `roofline_batched [PRESET]`: per family, batched: FLOPs per step, sentences/s, the speed against the
+  paper's baseline and the ratio the FLOPs predict (from docs/benchmarks/decode_roofline_batched.json);
 - `headline`: each paper's speed claim beside our ratio (from the benchmark files above, see HEADLINE);
 - `scores [--copy-baseline] NAME=PATH ...`: a results table of score files (`tools.score --json`);
 - `valid PATH`: valid loss per update of the runs in a JSON file (e.g. docs/one_wide_ffn/lr_scale_probe.json);
@@ -119,6 +121,41 @@ def block_roofline(args):
         ["| model | paper's baseline | MB read per step fp32 / bf16 / int8 | roofline ms/step fp32 | measured ms/step "
          "fp32 / bf16 / int8 | % of roofline fp32 / bf16 / int8 | encoder ms per sentence fp32 / bf16 | speed vs "
          "baseline (fp32) | byte-bound ratio | bf16 vs fp32 | paper |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+        + rows)
+
+
+def block_roofline_batched(args):
+    """Per family, batched (the preset's largest batch): the floating-point operations a step does (counted
+    on the fast path's arithmetic, the encoder's spread over the steps), sentences/s, ms/step, the
+    arithmetic rate, the speed against the paper's baseline on the same path, the ratio its FLOPs predict
+    (baseline FLOPs / model FLOPs), and the measured ratio as a share of that prediction."""
+    preset = (args or ["decode_roofline_batched"])[0]
+    r = load_bench(preset)
+    bsz = max(r["settings"]["batch_sizes"])
+    res = {n: m["results"][bsz] for n, m in r["models"].items()}
+    steps = r["settings"]["tgt_len"] + 1
+    rows = []
+    for model, base, _ in ROOFLINE:
+        f = res.get(model + "+fast")
+        if f is None:
+            continue
+        ms = f["ms_per_step"]["median"]
+        b = res.get(base + "+fast") if base else None
+        ratio = predicted = share = "-"
+        if b:
+            measured = b["ms_per_step"]["median"] / ms
+            bound = b["flops_per_step"] / f["flops_per_step"]
+            ratio, predicted, share = f"{measured:.2f}×", f"{bound:.2f}×", f"{100 * measured / bound:.0f}%"
+        rows.append(f"| {model} | {base or '-'} | {f['flops_per_step'] / 1e9:.1f} | {1000 * bsz / (ms * steps):.2f} | "
+                    f"{ms:.0f} | {f['flops_per_step'] / ms / 1e6:.0f} | {ratio} | {predicted} | {share} |")
+    s = r["settings"]
+    head = (f"`{command(preset)}` — {machine(r)}; batch {bsz} sentences × beam {s['beam']} = {bsz * s['beam']} "
+            f"hypotheses per step, source {s['src_len']} tokens, {s['tgt_len']} target tokens, vocabulary "
+            f"{s.get('vocab', 32000):,}, random weights at the paper's dims; fast path (`fairseq-ext-generate`), "
+            "fp32.\n\n")
+    return head + "\n".join(
+        ["| model | paper's baseline | GFLOP per step | sentences/s | ms/step | GFLOP/s | speed vs baseline | "
+         "FLOPs ratio (baseline / model) | speed as % of the FLOPs ratio |", "|---|---|---|---|---|---|---|---|---|"]
         + rows)
 
 
@@ -308,7 +345,8 @@ def block_flags(archs):
     return "\n".join(head + rows)
 
 
-KINDS = {"bench": block_bench, "roofline": block_roofline, "valid": block_valid, "headline": block_headline, "scores": block_scores, "synthetic": block_synthetic,
+KINDS = {"bench": block_bench, "roofline": block_roofline, "roofline_batched": block_roofline_batched,
+         "valid": block_valid, "headline": block_headline, "scores": block_scores, "synthetic": block_synthetic,
          "flags": block_flags}
 
 
