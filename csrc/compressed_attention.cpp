@@ -3,8 +3,9 @@
 // kernels are csrc/cpu/compressed_attention.cpp and csrc/cuda/compressed_attention{.cu,_host.cpp}.
 // PyTorch reference: fairseq_ext/ops/compressed_attention.py.
 //
-//   q (B, H, dh), already scaled by dh^-1/2;  encoder keys/values k_enc (B, H, S, dh), v_enc (B, H, S, dvh)
-//   with an additive padding bias enc_bias (B, S) (0 or -inf) or none; the decoder's own keys/values in
+//   q (B, H, dh), already scaled by dh^-1/2;  encoder keys/values k_enc (B_s, H, S, dh), v_enc (B_s, H, S, dvh)
+//   with an additive padding bias enc_bias (B_s, S) (0 or -inf) or none, B_s dividing B: row b reads entry
+//   b / (B / B_s) (one entry per sentence for its B / B_s consecutive beam rows); the decoder's own keys/values in
 //   a preallocated cache k_self (B, H, cap, dh), v_self (B, H, cap, dvh) of which the first self_len
 //   positions are valid; xw1 = X·W1 + b1 (B, H·dvh); W2 (d, H·dvh) (fc2.weight), b2 (d).
 //   self_rows (B, >= self_len) int64, optional (CPU): position j of row b's history is at row self_rows[b, j]
@@ -27,11 +28,14 @@ void check_compressed_attention_args(const at::Tensor& q, const at::Tensor& k_en
   const char* op = "compressed_attention_decode";
   TORCH_CHECK(q.dim() == 3, op, ": q must be (batch, heads, head_dim), got ", q.sizes());
   const auto b = q.size(0), h = q.size(1), dh = q.size(2);
-  TORCH_CHECK(k_enc.dim() == 4 && k_enc.size(0) == b && k_enc.size(1) == h && k_enc.size(3) == dh, op,
-              ": k_enc must be (", b, ", ", h, ", src_len, ", dh, "), got ", k_enc.sizes());
+  // the encoder's keys/values: one entry per query row, or one per group of b / sentences consecutive rows
+  const auto sentences = k_enc.dim() == 4 ? k_enc.size(0) : -1;
+  TORCH_CHECK(k_enc.dim() == 4 && (b == 0 ? sentences == 0 : sentences > 0 && b % sentences == 0) &&
+              k_enc.size(1) == h && k_enc.size(3) == dh, op, ": k_enc must be (sentences dividing the batch ", b,
+              ", ", h, ", src_len, ", dh, "), got ", k_enc.sizes());
   const auto s = k_enc.size(2);
-  TORCH_CHECK(v_enc.dim() == 4 && v_enc.size(0) == b && v_enc.size(1) == h && v_enc.size(2) == s, op,
-              ": v_enc must be (", b, ", ", h, ", ", s, ", value_head_dim), got ", v_enc.sizes());
+  TORCH_CHECK(v_enc.dim() == 4 && v_enc.size(0) == sentences && v_enc.size(1) == h && v_enc.size(2) == s, op,
+              ": v_enc must be (", sentences, ", ", h, ", ", s, ", value_head_dim), got ", v_enc.sizes());
   const auto dvh = v_enc.size(3);
   // with self_rows the caches' rows are any rows the table points to; without, one per query row
   const auto cache_rows = self_rows.has_value() ? k_self.size(0) : b;
@@ -59,8 +63,8 @@ void check_compressed_attention_args(const at::Tensor& q, const at::Tensor& k_en
               " (or be bfloat16 with float32 q on a CPU), got ", w2.scalar_type());
   std::vector<const at::Tensor*> all = {&k_enc, &v_enc, &k_self, &v_self, &xw1, &b2};
   if (enc_bias.has_value()) {
-    TORCH_CHECK(enc_bias->dim() == 2 && enc_bias->size(0) == b && enc_bias->size(1) == s, op,
-                ": enc_bias must be (", b, ", ", s, "), got ", enc_bias->sizes());
+    TORCH_CHECK(enc_bias->dim() == 2 && enc_bias->size(0) == sentences && enc_bias->size(1) == s, op,
+                ": enc_bias must be (", sentences, ", ", s, "), got ", enc_bias->sizes());
     all.push_back(&*enc_bias);
   }
   TORCH_CHECK(w2.device() == q.device(), op, ": all tensors must be on q's device");

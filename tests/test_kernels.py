@@ -490,6 +490,25 @@ def test_compressed_attention_decode_follows_the_row_table(b, h, dh, dvh, src, c
         assert torch.equal(own_k[0, :, 0], k_self[rows[0, 0], :, 0])
 
 
+@pytest.mark.parametrize("sentences,beam", [(1, 5), (3, 4), (2, 1), (4, 3)])
+def test_compressed_attention_decode_reads_each_sentences_encoder_once(sentences, beam):
+    """Encoder keys/values (and padding) with one entry per sentence: each beam row reads its sentence's;
+    the same numbers, bit for bit, as with the entries repeated for every row, and the reference agrees."""
+    b = sentences * beam
+    args = _can_args(b, 3, 8, 12, 9, 10, 6, 20, torch.float32, seed=b, pad=[(0, 5)])
+    g = torch.Generator().manual_seed(beam)
+    k_enc, v_enc = torch.randn(sentences, 3, 9, 8, generator=g), torch.randn(sentences, 3, 9, 12, generator=g)
+    bias = torch.zeros(sentences, 9)
+    bias[-1, 4:] = float("-inf")
+    per_sentence = [args[0], k_enc, v_enc, bias, *args[4:]]
+    per_row = [args[0], *(t.repeat_interleave(beam, 0) for t in (k_enc, v_enc, bias)), *args[4:]]
+    out = torch.ops.fairseq_ext.compressed_attention_decode(*per_sentence)
+    assert torch.equal(out, torch.ops.fairseq_ext.compressed_attention_decode(*per_row))
+    torch.testing.assert_close(compressed_attention_decode_reference(*per_sentence), out, rtol=2e-5, atol=2e-5)
+    with pytest.raises(RuntimeError, match="k_enc must be \\(sentences dividing the batch"):
+        torch.ops.fairseq_ext.compressed_attention_decode(args[0], k_enc[:1].expand(b + 1, -1, -1, -1), *per_row[2:])
+
+
 def test_compressed_attention_decode_row_table_errors():
     args = _can_args(2, 2, 8, 12, 5, 6, 3, 16, torch.float32, seed=6)
     k_self, v_self = torch.randn(4, 2, 6, 8), torch.randn(4, 2, 6, 12)

@@ -4,7 +4,8 @@
 // then ctx = Σ p_j v_j accumulated straight into the (batch, head) slice of the hidden row, and
 // ReLU(xw1 + ctx) there (Eq. 13). The FFN's second layer is one product over all rows: few_rows_linear's
 // kernel at 3-16 rows (a beam search step: W2 read once for all rows), else ATen's GEMM (BLAS).
-// Padded encoder positions (bias -inf) and cache positions from self_len on are not read. With self_rows,
+// Row b reads the encoder keys/values of its sentence (entry b / (B / B_s)). Padded encoder positions (bias
+// -inf) and cache positions from self_len on are not read. With self_rows,
 // position j of row b's history is read from cache row self_rows[b, j] (beam search reorders the table).
 // Deterministic: fixed summation order, no atomics.
 #include <torch/extension.h>
@@ -24,15 +25,16 @@ namespace {
 template <typename T>
 void attend_rows(const T* q, const T* k_enc, const T* v_enc, const T* bias, const T* k_self, const T* v_self,
                  const T* xw1, T* hidden, int64_t batch, int64_t heads, int64_t dh, int64_t dvh, int64_t src,
-                 int64_t cap, int64_t self_len, const int64_t* rows, int64_t rows_stride) {
+                 int64_t cap, int64_t self_len, const int64_t* rows, int64_t rows_stride, int64_t group) {
   const int64_t keys = src + self_len, dv = heads * dvh;
   at::parallel_for(0, batch * heads, 1, [&](int64_t begin, int64_t end) {
     std::vector<T> p(keys);
     for (int64_t bh = begin; bh < end; ++bh) {
       const int64_t b = bh / heads, h = bh % heads;
       const T* qr = q + bh * dh;
-      const T* ke = k_enc + bh * src * dh;
-      const T* ve = v_enc + bh * src * dvh;
+      const int64_t e = b / group;  // the sentence of this row: its encoder keys/values and padding
+      const T* ke = k_enc + (e * heads + h) * src * dh;
+      const T* ve = v_enc + (e * heads + h) * src * dvh;
       // cache position j of this row's history: row rows[b, j] of the caches (self_rows), else row b
       const int64_t* rb = rows ? rows + b * rows_stride : nullptr;
       auto ks = [&](int64_t j) { return k_self + (((rb ? rb[j] : b) * heads + h) * cap + j) * dh; };
@@ -40,7 +42,7 @@ void attend_rows(const T* q, const T* k_enc, const T* v_enc, const T* bias, cons
       const T neg_inf = -std::numeric_limits<T>::infinity();
       T m = neg_inf;
       for (int64_t j = 0; j < src; ++j) {
-        const T bj = bias ? bias[b * src + j] : T(0);
+        const T bj = bias ? bias[e * src + j] : T(0);
         p[j] = bj == neg_inf ? neg_inf : dot(qr, ke + j * dh, dh) + bj;
         m = std::max(m, p[j]);
       }
@@ -92,7 +94,8 @@ at::Tensor compressed_attention_decode_cpu(const at::Tensor& q, const at::Tensor
                           bc.defined() ? bc.data_ptr<scalar_t>() : nullptr, ksc.data_ptr<scalar_t>(),
                           vsc.data_ptr<scalar_t>(), xc.data_ptr<scalar_t>(), hidden.data_ptr<scalar_t>(),
                           qc.size(0), qc.size(1), qc.size(2), vec.size(3), kec.size(2), ksc.size(2), self_len,
-                          rc.defined() ? rc.data_ptr<int64_t>() : nullptr, rc.defined() ? rc.size(1) : 0);
+                          rc.defined() ? rc.data_ptr<int64_t>() : nullptr, rc.defined() ? rc.size(1) : 0,
+                          kec.size(0) ? qc.size(0) / kec.size(0) : 1);
   });
   const int64_t low = w2.scalar_type() == at::kBFloat16 ? 1 : kFewRowsMin;  // bf16 W2: the kernel from 1 row
   if (hidden.size(0) >= low && hidden.size(0) <= kFewRowsMax)  // a beam's few rows: W2 read once

@@ -18,6 +18,8 @@ at::Tensor compressed_attention_decode_cuda(const at::Tensor& q, const at::Tenso
   check_compressed_attention_args(q, k_enc, v_enc, enc_bias, k_self, v_self, self_len, xw1, w2, b2, self_rows);
   TORCH_CHECK(!self_rows.has_value(), "compressed_attention_decode (CUDA): self_rows is CPU-only; reorder the "
               "caches and pass none");
+  TORCH_CHECK(k_enc.size(0) == q.size(0), "compressed_attention_decode (CUDA): the encoder keys/values one entry "
+              "per query row (one per sentence is CPU-only), got ", k_enc.size(0), " for ", q.size(0), " rows");
   const auto dtype = q.scalar_type();
   TORCH_CHECK(dtype == at::kFloat || dtype == at::kDouble || dtype == at::kHalf || dtype == at::kBFloat16,
               "compressed_attention_decode (CUDA): float32, float64, float16 or bfloat16, got ", dtype);

@@ -43,7 +43,7 @@ from ..modules.fused_linear import FusedLinearWeights
 from ..modules.kv_cache import reorder_caches, write_to_cache, write_to_row_cache
 from ..modules.multiplicative import SparseQKVAttention, conv_last_step, conv_patch_matrix
 from ..ops.compressed_attention import (compressed_attention_decode, compressed_attention_hidden_reference,
-                                       gather_history)
+                                       gather_history, per_row)
 from ..ops.few_rows_linear import PANEL, pack_panels
 from ..ops.few_rows_linear import kernel_applies as few_rows_linear_applies
 from ..ops.int8_linear import Int8Linear
@@ -402,8 +402,8 @@ class CANStepper(Stepper):
     + 13 through ops.compressed_attention_decode; the ablations' uncompressed sub-layer (fairseq's
     self-attention before it with --can-compress ffn, fairseq's FFN after it with --can-compress attention)
     as the Transformer stepper runs it. The encoder keys/values (values in the FFN-hidden space, or the model
-    space without FFN) are stored per beam row, as the op reads them, and re-indexed only when finished
-    sentences leave the batch. The decoder's own keys/values (values FFN-wide: the largest cache of any
+    space without FFN) are stored once per sentence (the op reads a sentence's for each of its beam rows) and
+    re-indexed only when finished sentences leave the batch. The decoder's own keys/values (values FFN-wide: the largest cache of any
     stepper) stay where they were written; the op reads them through a row table (kv_cache.write_to_row_cache)
     that beam search reorders instead of the buffers."""
 
@@ -428,12 +428,10 @@ class CANStepper(Stepper):
                        for l in self.dec.layers]
 
     def _start_layers(self, enc, pad):
-        self.enc_kv = []  # per layer: (k (B, H, S, dh), v (B, H, S, dvh), bias (B, S) or None) per beam row
-        rows = torch.arange(enc.size(1), device=enc.device).repeat_interleave(self.rows)
+        self.enc_kv = []  # per layer: (k (B_s, H, S, dh), v (B_s, H, S, dvh), bias (B_s, S) or None) per sentence
         for layer in self.dec.layers:
-            k, v, bias = layer.can._encoder_kv(enc, pad, {}, cache=False)  # per sentence
-            bias = bias.view(bias.size(0), -1).index_select(0, rows) if bias is not None else None
-            self.enc_kv.append((k.index_select(0, rows), v.index_select(0, rows), bias))
+            k, v, bias = layer.can._encoder_kv(enc, pad, {}, cache=False)
+            self.enc_kv.append((k, v, bias.view(bias.size(0), -1) if bias is not None else None))
 
     def _can(self, i: int, can, h: Tensor) -> Tensor:
         b, heads = h.size(0), can.num_heads
@@ -455,6 +453,7 @@ class CANStepper(Stepper):
             k_s, v_s, n = q.new_zeros(b, heads, 0, can.head_dim), q.new_zeros(b, heads, 0, can.value_head_dim), 0
         k_e, v_e, bias = self.enc_kv[i]
         if not can.ffn:  # --can-compress attention: one softmax over both parts, then the output projection
+            k_e, v_e, bias = (per_row(t, b) for t in (k_e, v_e, bias))
             return self._module(can.out_proj, _attend_two(q, k_e, v_e, bias, gather_history(k_s, n, rows),
                                                           gather_history(v_s, n, rows)))
         xw1 = proj.pop(0)
@@ -479,8 +478,9 @@ class CANStepper(Stepper):
         return x
 
     def _reorder_layers(self, order):
-        if self.enc_kv and self.enc_kv[0][0].size(0) != order.numel():  # sentences left the batch
-            self.enc_kv = [tuple(t.index_select(0, order) if t is not None else None for t in kv)
+        if self.enc_kv and self.enc_kv[0][0].size(0) * self.rows != order.numel():  # sentences left the batch
+            keep = order.reshape(-1, self.rows)[:, 0] // self.rows
+            self.enc_kv = [tuple(t.index_select(0, keep) if t is not None else None for t in kv)
                            for kv in self.enc_kv]
 
 

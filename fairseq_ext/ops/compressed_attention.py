@@ -5,8 +5,9 @@ csrc/cpu/compressed_attention.cpp, csrc/cuda/compressed_attention{.cu,_host.cpp}
     y = compressed_attention_decode(q, k_enc, v_enc, enc_bias, k_self, v_self, self_len, xw1, w2, b2,
                                     self_rows=None)
 
-q: (B, H, dh) scaled query; k_enc, v_enc: (B, H, S, dh / dvh) encoder keys and values (values in the
-FFN-hidden space); enc_bias: (B, S) additive padding bias (0 / -inf) or None; k_self, v_self: (B, H, cap,
+q: (B, H, dh) scaled query; k_enc, v_enc: (B_s, H, S, dh / dvh) encoder keys and values (values in the
+FFN-hidden space), B_s dividing B: row b reads entry b // (B // B_s) (one entry per sentence for its beam
+rows, or one per row); enc_bias: (B_s, S) additive padding bias (0 / -inf) or None; k_self, v_self: (B, H, cap,
 dh / dvh) the decoder's key/value cache of which the first self_len positions are valid; xw1: (B, H·dvh)
 = X·W1 + b1; w2: (d, H·dvh) fc2.weight (q's dtype, or bfloat16 with float32 q on a CPU: the fast
 path's --bf16, read as bf16 and widened exactly); b2: (d); self_rows: None, or (B, >= self_len) int64:
@@ -30,9 +31,18 @@ def gather_history(cache, self_len, self_rows=None):
     return cache[self_rows[:, :self_len], :, positions].permute(0, 2, 1, 3)  # (B, n, H, d) -> (B, H, n, d)
 
 
+def per_row(t, rows):
+    """An encoder tensor with one entry per sentence (or per row), one entry per each of `rows` query rows:
+    each sentence's entry repeated for its rows // sentences consecutive rows."""
+    if t is None or t.size(0) == rows:
+        return t
+    return t.repeat_interleave(rows // t.size(0), dim=0)
+
+
 def compressed_attention_hidden_reference(q, k_enc, v_enc, enc_bias, k_self, v_self, self_len, xw1, self_rows=None):
     """ReLU(xw1 + A·V): (B, H·dvh), the FFN-hidden row before the second FFN layer (the fast path's int8
     step applies a quantized fc2 to it)."""
+    k_enc, v_enc, enc_bias = (per_row(t, q.size(0)) for t in (k_enc, v_enc, enc_bias))
     k_s, v_s = gather_history(k_self, self_len, self_rows), gather_history(v_self, self_len, self_rows)
     s_enc = torch.einsum("bhd,bhsd->bhs", q, k_enc)
     if enc_bias is not None:
