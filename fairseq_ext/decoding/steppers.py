@@ -270,9 +270,9 @@ class Stepper:
                 continue
             heads = cross["heads"]
             kv_bsz = cross["k"].size(0) // heads
-            if kv_bsz * self.rows == order.numel():
+            keep = self._kept_sentences(kv_bsz, order)
+            if keep is None:
                 continue
-            keep = order.reshape(-1, self.rows)[:, 0] // self.rows
             for name in ("k", "v"):
                 t = cross[name]
                 cross[name] = t.view(kv_bsz, heads, *t.shape[1:]).index_select(0, keep).view(-1, *t.shape[1:])
@@ -282,6 +282,13 @@ class Stepper:
 
     def _reorder_layers(self, order: Tensor):
         pass
+
+    def _kept_sentences(self, sentences: int, order: Tensor) -> Optional[Tensor]:
+        """The old indices of the sentences a beam order keeps, or None when none left the batch (per-sentence
+        caches of `sentences` entries stay as they are)."""
+        if sentences * self.rows == order.numel():
+            return None
+        return order.reshape(-1, self.rows)[:, 0] // self.rows
 
 
 def _sparse_convs(att: SparseQKVAttention) -> Tuple[Tensor, Tensor, int]:
@@ -478,8 +485,8 @@ class CANStepper(Stepper):
         return x
 
     def _reorder_layers(self, order):
-        if self.enc_kv and self.enc_kv[0][0].size(0) * self.rows != order.numel():  # sentences left the batch
-            keep = order.reshape(-1, self.rows)[:, 0] // self.rows
+        keep = self._kept_sentences(self.enc_kv[0][0].size(0), order) if self.enc_kv else None
+        if keep is not None:  # sentences left the batch
             self.enc_kv = [tuple(t.index_select(0, keep) if t is not None else None for t in kv)
                            for kv in self.enc_kv]
 

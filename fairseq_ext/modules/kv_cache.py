@@ -32,6 +32,23 @@ def append_to_cache(state: Dict[str, Tensor], k: Tensor, v: Tensor, pad: Optiona
     return k, v, pad
 
 
+def _grow_if_full(state: Dict[str, Tensor], entries, n: int) -> bool:
+    """For each (name, step) of `entries`: a first buffer (rows, H, 16, d), or, when its n positions fill it, one
+    of twice the capacity holding them (rows: the step's, or the old buffer's when it has more). True when
+    the buffers were (re)made."""
+    name0 = entries[0][0]
+    if name0 in state and n < state[name0].size(2):
+        return False
+    cap = max(16, 2 * n)
+    for name, new in entries:
+        old = state.get(name)
+        buf = new.new_empty(max(new.size(0), old.size(0) if old is not None else 0), new.size(1), cap, new.size(2))
+        if n:
+            buf[: old.size(0), :, :n] = old[:, :, :n]
+        state[name] = buf
+    return True
+
+
 def write_to_cache(state: Dict[str, Tensor], k: Tensor, v: Tensor, prefix: str = ""):
     """Write one step's key and value (B, H, d) at position n of the buffers (B, H, cap, d) kept in `state`
     under prefix + "kbuf" / "vbuf" (length under prefix + "len", a (B,) tensor, so beam reordering
@@ -39,13 +56,7 @@ def write_to_cache(state: Dict[str, Tensor], k: Tensor, v: Tensor, prefix: str =
     buffers and the new length n + 1; positions from n + 1 on are unwritten."""
     kk, vk, lk = prefix + "kbuf", prefix + "vbuf", prefix + "len"
     n = int(state[lk][0]) if lk in state else 0
-    if kk not in state or n == state[kk].size(2):
-        cap = max(16, 2 * n)
-        for name, new in ((kk, k), (vk, v)):
-            buf = new.new_empty(new.size(0), new.size(1), cap, new.size(2))
-            if n:
-                buf[:, :, :n] = state[name][:, :, :n]
-            state[name] = buf
+    _grow_if_full(state, ((kk, k), (vk, v)), n)
     state[kk][:, :, n] = k
     state[vk][:, :, n] = v
     state[lk] = torch.full((k.size(0),), n + 1, dtype=torch.long, device=k.device)
@@ -78,15 +89,8 @@ def write_to_row_cache(state: Dict[str, Tensor], k: Tensor, v: Tensor, prefix: s
     positions is safe. Returns the buffers, the table and n + 1."""
     kk, vk, rk, nk = prefix + "kbuf", prefix + "vbuf", prefix + "rows", prefix + "n"
     b, n = k.size(0), state.get(nk, 0)
-    if kk not in state or n == state[kk].size(2):
-        cap = max(16, 2 * n)
-        for name, new in ((kk, k), (vk, v)):
-            old = state.get(name)
-            buf = new.new_empty(max(b, old.size(0) if old is not None else 0), new.size(1), cap, new.size(2))
-            if n:
-                buf[: old.size(0), :, :n] = old[:, :, :n]
-            state[name] = buf
-        table = torch.empty(b, cap, dtype=torch.long, device=k.device)
+    if _grow_if_full(state, ((kk, k), (vk, v)), n):
+        table = torch.empty(b, state[kk].size(2), dtype=torch.long, device=k.device)
         if n:
             table[:, :n] = state[rk][:, :n]
         state[rk] = table
