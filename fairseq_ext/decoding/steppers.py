@@ -438,14 +438,16 @@ class CANStepper(Stepper):
         self.enc_kv = []  # per layer: (k (B_s, H, S, dh), v (B_s, H, S, dvh), bias (B_s, S) or None) per sentence
         for layer in self.dec.layers:
             k, v, bias = layer.can._encoder_kv(enc, pad, {}, cache=False)
-            self.enc_kv.append((k, v, bias.view(bias.size(0), -1) if bias is not None else None))
+            # contiguous once here (views of the (S, B_s, ·) projections): the op would copy them every step
+            self.enc_kv.append((k.contiguous(), v.contiguous(), bias.view(bias.size(0), -1) if bias is not None else None))
 
     def _can(self, i: int, can, h: Tensor) -> Tensor:
         b, heads = h.size(0), can.num_heads
-        # the module's own decoding projection: q, k, v, X·W1 (those it has) as one product (few-rows kernel
-        # at 3-16 rows), one by one for int8-quantized layers; with --bf16 the kernel reads its bf16 copy
+        # the module's own decoding projection: q, k, v, X·W1 (those it has) as one product through _linear
+        # (few-rows kernel at 3-16 rows, reading its bf16 copy with --bf16; oneDNN-packed at more rows where
+        # that is faster), one by one for int8-quantized layers
         mods = can._x_modules()
-        if self.bf16 and self.kernel and all(type(m) is nn.Linear for m in mods):
+        if all(type(m) is nn.Linear for m in mods):
             proj = list(self._linear(h, *can._x_weights()).split([m.out_features for m in mods], dim=-1))
         elif self.x_int8[i] is not None:
             proj = list(self.x_int8[i](h).split([m.out_features for m in mods], dim=-1))
