@@ -34,10 +34,11 @@ study: venv
 
 # Speed/memory comparisons against each paper's baseline (benchmarks/run_presets.py), into docs/benchmarks/.
 # BENCH=1: the bootstrap adds the benchmark-only dependencies (CTranslate2: setup.py's [bench] extra).
-## bench        every benchmark preset, into docs/benchmarks/ (installs CTranslate2 first)
+## bench        every benchmark preset and the decoding step's profile, into docs/benchmarks/ (installs CTranslate2 first)
 bench:
 	BENCH=1 ./scripts/bootstrap.sh
 	$(PY) benchmarks/run_presets.py
+	$(PY) benchmarks/step_profile.py
 	$(PY) -m fairseq_ext.tools.docs --write
 
 ## docs         regenerate every results/benchmark/flags table of README.md and docs/ from the committed data

@@ -204,6 +204,37 @@ def test_few_rows_speed_quick(tmp_path):
     assert "in-cache G weights/s" in few_rows_speed.table(r)
 
 
+def test_step_profile_quick(tmp_path):
+    """Every op of a profiled decode lands in one part of the step and one kind of call: the shares cover the
+    whole profiled decode, the step's parts each took time, and the table renders from the JSON."""
+    import step_profile
+
+    r = step_profile.main(["--quick", "--out-dir", str(tmp_path), "--name", "p"])
+    assert json.loads((tmp_path / "p.json").read_text())["kind"] == "step_profile"
+    assert set(r["models"]) == {"transformer+fast", "can_decoder+fast"}
+    for name, m in r["models"].items():
+        share = m["share"]
+        assert abs(sum(share.values()) - 1) < 1e-9
+        assert {k.split("|")[0] for k in share} <= set(step_profile.PARTS)
+        assert {k.split("|")[1] for k in share} <= set(step_profile.KINDS)
+        for part in ("encoder", "decoder layers", "embedding + output layer", "log-softmax", "beam search"):
+            assert step_profile._sum(share, part=part) > 0, (name, part)
+        for kind in step_profile.KINDS:
+            assert step_profile._sum(share, kind=kind) > 0, (name, kind)
+        # the scopes cover the decode: the attributed time is the profiled decode's wall time
+        steps = r["settings"]["tgt_len"] + 1
+        assert 0.8 < m["profiled_ms_attributed"] / steps / m["ms_per_step_profiled"] <= 1.01
+        assert m["roofline_ms_per_step"] > 0
+    assert step_profile._sum(r["models"]["can_decoder+fast"]["share"], part="decoder layers",
+                             kind="attention") > 0  # CAN's fused sub-layer
+    assert "By part of the step" in step_profile.table(r)
+    assert step_profile.kind_of("fairseq_ext::few_rows_linear") == "products"
+    assert step_profile.kind_of("fairseq_ext::compressed_attention_decode") == "attention"
+    assert step_profile.kind_of("aten::bmm") == "attention" and step_profile.kind_of("aten::topk") == "other ops"
+    with pytest.raises(SystemExit):
+        step_profile.main(["--quick", "--models", "transformer", "--out-dir", str(tmp_path)])
+
+
 def test_can_step_speed_quick(tmp_path, monkeypatch):
     import can_step_speed
 

@@ -169,6 +169,7 @@ def _bench_modules():
         import few_rows_speed
         import run_presets
         import sparse_ffn_speed
+        import step_profile
         import train_allocator
         import train_precision
         import train_speed
@@ -176,7 +177,8 @@ def _bench_modules():
         sys.path.pop(0)
     kinds = {"decode": decode_speed, "train": train_speed, "sparse_ffn": sparse_ffn_speed,
              "can_step": can_step_speed, "train_precision": train_precision,
-             "train_allocator": train_allocator, "few_rows": few_rows_speed}
+             "train_allocator": train_allocator, "few_rows": few_rows_speed,
+             "step_profile": step_profile}
     return kinds, run_presets
 
 
