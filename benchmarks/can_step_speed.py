@@ -54,14 +54,8 @@ def run(d, heads, dv, src_len, steps, beam, repeats, threads):
         return fn
 
     fns = {"general": decode(True, False), "reference": decode(False, False), "kernel": decode(False, True)}
-    saved = os.environ.get("FAIRSEQ_EXT_NO_KERNELS")
-    try:
+    with common.environment({"FAIRSEQ_EXT_NO_KERNELS": "1"}):  # each round sets its own; the caller's comes back
         times, _ = common.interleaved(fns, repeats)
-    finally:  # the caller's setting back
-        if saved is None:
-            os.environ.pop("FAIRSEQ_EXT_NO_KERNELS", None)
-        else:
-            os.environ["FAIRSEQ_EXT_NO_KERNELS"] = saved
     return {"kind": "can_step", "settings": {"d_model": d, "heads": heads, "value_dim": dv, "src_len": src_len,
                                              "steps": steps, "beam": beam, "repeats": repeats, "threads": threads},
             "machine": common.machine_info(threads),

@@ -19,6 +19,25 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCS = os.path.join(REPO, "docs", "benchmarks")
 
 
+class environment:
+    """Those environment variables set inside the block, the caller's values back after it (the kernels read
+    them at each call)."""
+
+    def __init__(self, env):
+        self.env, self.old = env, {}
+
+    def __enter__(self):
+        self.old = {k: os.environ.get(k) for k in self.env}
+        os.environ.update(self.env)
+
+    def __exit__(self, *exc):
+        for k, v in self.old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 def set_threads(n):
     """Pin intra-op threads (default: all cores) so runs are comparable."""
     n = n or os.cpu_count() or 1

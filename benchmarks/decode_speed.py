@@ -149,21 +149,15 @@ def flops_per_step(model, task, bsz, beam, src_len, tgt_len):
     for part, attr in ((gen.model, "encoder_packed"), (getattr(gen.model, "stepper", None), "packed")):
         if hasattr(part, attr):
             setattr(part, attr, False)
-    before = os.environ.get("FAIRSEQ_EXT_NO_KERNELS")
-    os.environ["FAIRSEQ_EXT_NO_KERNELS"] = "1"
     try:
         for m in sparse:
             m.mode = "gather"
-        with torch.inference_mode(), FlopCounterMode(display=False, custom_mapping=_CPU_ATTENTION_FLOPS) as counter, \
-                _UncountedOpsRefused():
+        with torch.inference_mode(), common.environment({"FAIRSEQ_EXT_NO_KERNELS": "1"}), \
+                FlopCounterMode(display=False, custom_mapping=_CPU_ATTENTION_FLOPS) as counter, _UncountedOpsRefused():
             gen.generate([model], sample)
     finally:
         for m, mode in zip(sparse, modes):
             m.mode = mode
-        if before is None:
-            del os.environ["FAIRSEQ_EXT_NO_KERNELS"]
-        else:
-            os.environ["FAIRSEQ_EXT_NO_KERNELS"] = before
     return bsz * counter.get_total_flops() / (tgt_len + 1)
 
 

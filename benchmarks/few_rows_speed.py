@@ -48,24 +48,6 @@ def variants(weights, biases):
     return out
 
 
-class _env:
-    """Those environment variables set inside the block (the kernels read them at each call)."""
-
-    def __init__(self, env):
-        self.env, self.old = env, {}
-
-    def __enter__(self):
-        self.old = {k: os.environ.get(k) for k in self.env}
-        os.environ.update(self.env)
-
-    def __exit__(self, *exc):
-        for k, v in self.old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
 def run(d, d_ff, vocab, layers, rows_list, repeats, threads):
     from fairseq_ext import ops
 
@@ -73,7 +55,7 @@ def run(d, d_ff, vocab, layers, rows_list, repeats, threads):
 
     if not ops.has_kernel("few_rows_linear_packed", "cpu"):
         raise SystemExit(f"the extension has no few_rows_linear_packed kernel: {ops.build_info()}")
-    with _env({"FAIRSEQ_EXT_BF16_PRODUCTS": "1"}):
+    with common.environment({"FAIRSEQ_EXT_BF16_PRODUCTS": "1"}):
         bf16_products = bf16_dot()  # else that variant runs float32 products (the CPU has no AVX512_BF16)
     torch.manual_seed(1)
     bw = common.measure_bandwidth()
@@ -95,14 +77,14 @@ def run(d, d_ff, vocab, layers, rows_list, repeats, threads):
 
         def step(calls, env):
             def fn():
-                with torch.no_grad(), _env(env):
+                with torch.no_grad(), common.environment(env):
                     for call, w in zip(calls, weights):
                         call(xs[w.size(1)])
             return fn
 
         def in_cache(calls, env, x=torch.randn(rows, d)):
             def fn():
-                with torch.no_grad(), _env(env):
+                with torch.no_grad(), common.environment(env):
                     for _ in range(IN_CACHE_CALLS):
                         calls[0](x)
             return fn

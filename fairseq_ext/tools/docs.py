@@ -75,6 +75,12 @@ ROOFLINE = [
 ]
 
 
+def _roofline_setting(s):
+    """The decoding setting both roofline tables share, from a decode benchmark's settings."""
+    return (f"source {s['src_len']} tokens, {s['tgt_len']} target tokens, vocabulary {s.get('vocab', 32000):,}, "
+            "random weights at the paper's dims; fast path (`fairseq-ext-generate`)")
+
+
 def block_roofline(args):
     """Per family: bytes a step reads, the roofline time at the bandwidth measured in the same run, measured
     ms/step on the fast path in fp32 and with the int8 decoder (first preset), with bf16 weights (--bf16;
@@ -113,10 +119,9 @@ def block_roofline(args):
     s = r["settings"]
     cmds = " and ".join(f"`{command(p)}`" for p in presets[:2] if p == presets[0] or half_run)
     head = (f"{cmds} — {machine(r)}; memory bandwidth measured in the run "
-            f"{r['bandwidth_gb_s']:.1f} GB/s; batch {bsz}, beam {s['beam']}, source {s['src_len']} tokens, "
-            f"{s['tgt_len']} target tokens, vocabulary {s.get('vocab', 32000):,}, random weights at the paper's dims; fast path "
-            "(`fairseq-ext-generate`): fp32 / `--bf16` (weights read as bf16; its own run, with each model's fp32 "
-            "beside it for the bf16 vs fp32 column) / `--int8` decoder.\n\n")
+            f"{r['bandwidth_gb_s']:.1f} GB/s; batch {bsz}, beam {s['beam']}, {_roofline_setting(s)}: fp32 / `--bf16` "
+            "(weights read as bf16; its own run, with each model's fp32 beside it for the bf16 vs fp32 column) / "
+            "`--int8` decoder.\n\n")
     return head + "\n".join(
         ["| model | paper's baseline | MB read per step fp32 / bf16 / int8 | roofline ms/step fp32 | measured ms/step "
          "fp32 / bf16 / int8 | % of roofline fp32 / bf16 / int8 | encoder ms per sentence fp32 / bf16 | speed vs "
@@ -150,9 +155,7 @@ def block_roofline_batched(args):
                     f"{ms:.0f} | {f['flops_per_step'] / ms / 1e6:.0f} | {ratio} | {predicted} | {share} |")
     s = r["settings"]
     head = (f"`{command(preset)}` — {machine(r)}; batch {bsz} sentences × beam {s['beam']} = {bsz * s['beam']} "
-            f"hypotheses per step, source {s['src_len']} tokens, {s['tgt_len']} target tokens, vocabulary "
-            f"{s.get('vocab', 32000):,}, random weights at the paper's dims; fast path (`fairseq-ext-generate`), "
-            "fp32.\n\n")
+            f"hypotheses per step, {_roofline_setting(s)}, fp32.\n\n")
     return head + "\n".join(
         ["| model | paper's baseline | GFLOP per step | sentences/s | ms/step | GFLOP/s | speed vs baseline | "
          "FLOPs ratio (baseline / model) | speed as % of the FLOPs ratio |", "|---|---|---|---|---|---|---|---|---|"]
