@@ -45,7 +45,7 @@ def _weights(d, d_ff, block, lowrank, dtype, seed, device="cpu"):
 
 
 SHAPES = [(24, 96, 8, 1), (40, 120, 12, 3), (64, 192, 16, 5), (96, 288, 32, 7), (40, 120, 40, 33), (24, 48, 1, 2),
-          (136, 408, 136, 6), (40, 2000, 250, 64)]
+          (136, 408, 136, 6), (40, 2000, 250, 64), (200, 600, 24, 80)]  # from 32 tokens: the controller by GEMM
 
 
 @pytest.mark.parametrize("d,d_ff,block,tokens", SHAPES)
@@ -371,14 +371,29 @@ def test_int8_linear_opcheck():
         torch.library.opcheck(torch.ops.fairseq_ext.int8_linear.default, (x, wp, scale, wsum, None))
 
 
+@pytest.mark.parametrize("tokens", [31, 32, 80])
+def test_sparse_ffn_decode_many_tokens_equal_each_token_alone(tokens):
+    """CPU: many tokens (batched steps; from 32 the controller's logits are BLAS products, not the fused
+    pass) give each token what the op gives it alone: the same units chosen, so bit for bit the same
+    output (each token's sums in the same order), with units chosen by several tokens (N = 4)."""
+    d, d_ff, block = 136, 4 * 70, 4
+    w = _weights(d, d_ff, block, 12, torch.float32, seed=tokens)
+    x = torch.randn(tokens, d)
+    out = torch.ops.fairseq_ext.sparse_ffn_decode(x, *w, block)
+    alone = torch.cat([torch.ops.fairseq_ext.sparse_ffn_decode(x[t:t + 1], *w, block) for t in range(tokens)])
+    assert torch.equal(out, alone)
+    torch.testing.assert_close(out, sparse_ffn_decode_reference(x, *w, block), rtol=2e-5, atol=2e-5)
+
+
 @pytest.mark.parametrize("device", DEVICES)
-def test_sparse_ffn_decode_reads_only_the_chosen_rows(device):
+@pytest.mark.parametrize("tokens", [5, 40])
+def test_sparse_ffn_decode_reads_only_the_chosen_rows(device, tokens):
     d, d_ff, block = 40, 160, 16
     w = _weights(d, d_ff, block, 10, torch.float32, seed=1, device=device)
-    x = torch.randn(5, d).to(device)
+    x = torch.randn(tokens, d).to(device)
     expect = sparse_ffn_decode_reference(x, *w, block)
     logits = (x @ w[0].T) @ w[1].T + w[2]
-    rows = (logits.view(5, -1, block).argmax(-1) + torch.arange(d_ff // block, device=device) * block).view(-1)
+    rows = (logits.view(tokens, -1, block).argmax(-1) + torch.arange(d_ff // block, device=device) * block).view(-1)
     keep = torch.zeros(d_ff, dtype=torch.bool, device=device)
     keep[rows] = True
     w[3][~keep] = float("nan")
@@ -507,6 +522,19 @@ def test_compressed_attention_decode_reads_each_sentences_encoder_once(sentences
     torch.testing.assert_close(compressed_attention_decode_reference(*per_sentence), out, rtol=2e-5, atol=2e-5)
     with pytest.raises(RuntimeError, match="k_enc must be \\(sentences dividing the batch"):
         torch.ops.fairseq_ext.compressed_attention_decode(args[0], k_enc[:1].expand(b + 1, -1, -1, -1), *per_row[2:])
+
+
+@pytest.mark.parametrize("b,h,dh,dvh,src,cap,self_len,d", CAN_SHAPES)
+def test_compressed_attention_decode_reads_xw1_rows_in_place(b, h, dh, dvh, src, cap, self_len, d):
+    """CPU: xw1 as a slice of a wider row (the fused q/k/v/X·W1 projection's output, read without a copy):
+    the same numbers, bit for bit, as a contiguous xw1."""
+    args = _can_args(b, h, dh, dvh, src, cap, self_len, d, torch.float32, seed=b + cap)
+    wide = torch.randn(b, h * dvh + 11)
+    wide[:, 11:] = args[7]
+    sliced = wide[:, 11:]
+    assert not sliced.is_contiguous() or b == 1
+    out = torch.ops.fairseq_ext.compressed_attention_decode(*args[:7], sliced, *args[8:])
+    assert torch.equal(out, torch.ops.fairseq_ext.compressed_attention_decode(*args))
 
 
 def test_compressed_attention_decode_row_table_errors():

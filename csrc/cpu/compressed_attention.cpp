@@ -24,8 +24,8 @@ namespace {
 
 template <typename T>
 void attend_rows(const T* q, const T* k_enc, const T* v_enc, const T* bias, const T* k_self, const T* v_self,
-                 const T* xw1, T* hidden, int64_t batch, int64_t heads, int64_t dh, int64_t dvh, int64_t src,
-                 int64_t cap, int64_t self_len, const int64_t* rows, int64_t rows_stride, int64_t group) {
+                 const T* xw1, int64_t xw1_stride, T* hidden, int64_t batch, int64_t heads, int64_t dh, int64_t dvh,
+                 int64_t src, int64_t cap, int64_t self_len, const int64_t* rows, int64_t rows_stride, int64_t group) {
   const int64_t keys = src + self_len, dv = heads * dvh;
   at::parallel_for(0, batch * heads, 1, [&](int64_t begin, int64_t end) {
     std::vector<T> p(keys);
@@ -61,7 +61,7 @@ void attend_rows(const T* q, const T* k_enc, const T* v_enc, const T* bias, cons
         if (p[j] != T(0)) axpy(p[j] / sum, ve + j * dvh, out, dvh);
       for (int64_t j = 0; j < self_len; ++j)
         if (p[src + j] != T(0)) axpy(p[src + j] / sum, vs(j), out, dvh);
-      const T* xr = xw1 + b * dv + h * dvh;
+      const T* xr = xw1 + b * xw1_stride + h * dvh;
       for (int64_t i = 0; i < dvh; ++i) {
         const T v = xr[i] + out[i];
         out[i] = v > T(0) ? v : T(0);
@@ -79,20 +79,23 @@ at::Tensor compressed_attention_decode_cpu(const at::Tensor& q, const at::Tensor
   at::Tensor rc = self_rows.has_value() ? self_rows->contiguous() : at::Tensor();
   if (rc.defined() && self_len > 0 && q.size(0) > 0) {  // every row the table points to is in the caches
     const auto used = rc.narrow(1, 0, self_len);
-    TORCH_CHECK(used.min().item<int64_t>() >= 0 && used.max().item<int64_t>() < k_self.size(0),
+    const auto range = at::aminmax(used);
+    TORCH_CHECK(std::get<0>(range).item<int64_t>() >= 0 && std::get<1>(range).item<int64_t>() < k_self.size(0),
                 "compressed_attention_decode: self_rows must point to rows of the caches (0 to ", k_self.size(0) - 1,
                 ")");
   }
   TORCH_CHECK(q.scalar_type() == at::kFloat || q.scalar_type() == at::kDouble,
               "compressed_attention_decode (CPU): float32 or float64, got ", q.scalar_type());
   auto qc = q.contiguous(), kec = k_enc.contiguous(), vec = v_enc.contiguous(), ksc = k_self.contiguous();
-  auto vsc = v_self.contiguous(), xc = xw1.contiguous();
+  // xw1 is read in place when its rows are contiguous (a slice of the fused q/k/v/X·W1 projection's output)
+  auto vsc = v_self.contiguous(), xc = xw1.stride(1) == 1 ? xw1 : xw1.contiguous();
   at::Tensor bc = enc_bias.has_value() ? enc_bias->contiguous() : at::Tensor();
-  auto hidden = at::empty_like(xc);  // (B, d_v): ReLU(xw1 + ctx)
+  auto hidden = at::empty(xc.sizes(), xc.options());  // (B, d_v): ReLU(xw1 + ctx)
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "compressed_attention_decode_cpu", [&] {
     attend_rows<scalar_t>(qc.data_ptr<scalar_t>(), kec.data_ptr<scalar_t>(), vec.data_ptr<scalar_t>(),
                           bc.defined() ? bc.data_ptr<scalar_t>() : nullptr, ksc.data_ptr<scalar_t>(),
-                          vsc.data_ptr<scalar_t>(), xc.data_ptr<scalar_t>(), hidden.data_ptr<scalar_t>(),
+                          vsc.data_ptr<scalar_t>(), xc.data_ptr<scalar_t>(), xc.size(0) > 1 ? xc.stride(0) : xc.size(1),
+                          hidden.data_ptr<scalar_t>(),
                           qc.size(0), qc.size(1), qc.size(2), vec.size(3), kec.size(2), ksc.size(2), self_len,
                           rc.defined() ? rc.data_ptr<int64_t>() : nullptr, rc.defined() ? rc.size(1) : 0,
                           kec.size(0) ? qc.size(0) / kec.size(0) : 1);

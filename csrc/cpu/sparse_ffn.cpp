@@ -1,5 +1,6 @@
 // CPU kernel of sparse_ffn_decode (schema and maths: csrc/sparse_ffn.cpp).
-// The controller is fused: z = x·C1ᵀ in one parallel pass, then phase 1, parallel over blocks, scores the
+// The controller is fused (below kControllerGemmTokens tokens; from there its logits are two BLAS products
+// first): z = x·C1ᵀ in one parallel pass, then phase 1, parallel over blocks, scores the
 // block's N units for every token from z and the block's rows of C2, takes each token's argmax and
 // h[t,b] (one dot product of length d with the chosen W1 row) — so C2, the largest read at N >= 64,
 // streams once on every thread instead of inside small GEMM calls. Phase 2 accumulates
@@ -19,18 +20,25 @@ namespace fairseq_ext {
 
 namespace {
 
+// From this many tokens (batched steps) the controller's logits are two GEMMs before the kernel (scoring
+// every unit for every token is n·d_ff·d_lowrank multiply-adds, which BLAS does several times faster than
+// dot products of length d_lowrank) and phase 2 runs a task per token; below it, the fused pass streams C2
+// once for the few tokens and phase 2 splits the output dimension.
+constexpr int64_t kControllerGemmTokens = 32;
+
 template <typename T>
 void sparse_ffn_kernel(const T* x, const T* c1, const T* c2, const T* cb, const T* w1, const T* w2, const T* b2, T* y,
-                       int64_t n, int64_t d, int64_t d_ff, int64_t lowrank, int64_t block) {
+                       int64_t n, int64_t d, int64_t d_ff, int64_t lowrank, int64_t block, const T* logits) {
   const int64_t blocks = d_ff / block;
   std::vector<int64_t> rows(n * blocks);
-  std::vector<T> h(n * blocks), z(n * lowrank);
+  std::vector<T> h(n * blocks), z(logits ? 0 : n * lowrank);
   // controller, first factor: z = x·C1ᵀ (n, d_lowrank), parallel over C1's rows, each row read once for
-  // all tokens
-  at::parallel_for(0, lowrank, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r)
-      for (int64_t t = 0; t < n; ++t) z[t * lowrank + r] = dot(x + t * d, c1 + r * d, d);
-  });
+  // all tokens (unless the logits (n, d_ff) are given)
+  if (!logits)
+    at::parallel_for(0, lowrank, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r)
+        for (int64_t t = 0; t < n; ++t) z[t * lowrank + r] = dot(x + t * d, c1 + r * d, d);
+    });
   // phase 1, parallel over blocks of N units: each unit's C2 row is read once and scored for every token
   // (z_t·C2[j] + c[j]); then per token the choice (first maximum; NaN wins, as torch.argmax) and
   // h = ReLU(x_t · W1[row]). C2, the largest read at N >= 64, streams on every thread.
@@ -43,7 +51,7 @@ void sparse_ffn_kernel(const T* x, const T* c1, const T* c2, const T* cb, const 
         const int64_t unit = b * block + j;
         const T* c = c2 + unit * lowrank;
         for (int64_t t = 0; t < n; ++t) {
-          const T v = dot(z.data() + t * lowrank, c, lowrank) + cb[unit];
+          const T v = logits ? logits[t * d_ff + unit] : dot(z.data() + t * lowrank, c, lowrank) + cb[unit];
           const T bv = best_v[t];
           if (best[t] < 0 || (std::isnan(v) && !std::isnan(bv)) || (!std::isnan(bv) && v > bv)) {
             best[t] = j;
@@ -59,7 +67,22 @@ void sparse_ffn_kernel(const T* x, const T* c1, const T* c2, const T* cb, const 
       }
     }
   });
-  // phase 2: y_t = b2 + Σ_b h[t,b] · W2[row], each thread owning a slice of the output dimension
+  // phase 2: y_t = b2 + Σ_b h[t,b] · W2[row]. Many tokens: a task per token, each chosen row read whole
+  // (contiguous d floats the prefetcher streams); a few tokens: each thread owns a slice of the output
+  // dimension of every token. Either way each output element sums its blocks in the same order.
+  if (logits) {
+    at::parallel_for(0, n, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t t = begin; t < end; ++t) {
+        T* out = y + t * d;
+        for (int64_t i = 0; i < d; ++i) out[i] = b2[i];
+        for (int64_t b = 0; b < blocks; ++b) {
+          const T hv = h[t * blocks + b];
+          if (hv != T(0)) axpy(hv, w2 + rows[t * blocks + b] * d, out, d);
+        }
+      }
+    });
+    return;
+  }
   const int64_t chunk = 64;
   const int64_t slices = (d + chunk - 1) / chunk;
   at::parallel_for(0, n * slices, 1, [&](int64_t begin, int64_t end) {
@@ -84,11 +107,13 @@ at::Tensor sparse_ffn_decode_cpu(const at::Tensor& x, const at::Tensor& c1, cons
   auto xc = x.contiguous(), w1c = w1.contiguous(), w2c = w2.contiguous(), b2c = b2.contiguous();
   auto c1c = c1.contiguous(), c2c = c2.contiguous(), cbc = cb.contiguous();
   auto y = at::empty_like(xc);
+  at::Tensor logits;  // (n, d_ff) = (x·C1ᵀ)·C2ᵀ + c, many tokens only
+  if (xc.size(0) >= kControllerGemmTokens) logits = at::addmm(cbc, at::mm(xc, c1c.t()), c2c.t()).contiguous();
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "sparse_ffn_decode_cpu", [&] {
     sparse_ffn_kernel<scalar_t>(xc.data_ptr<scalar_t>(), c1c.data_ptr<scalar_t>(), c2c.data_ptr<scalar_t>(),
                                 cbc.data_ptr<scalar_t>(), w1c.data_ptr<scalar_t>(), w2c.data_ptr<scalar_t>(),
                                 b2c.data_ptr<scalar_t>(), y.data_ptr<scalar_t>(), xc.size(0), xc.size(1), w1c.size(0),
-                                c1c.size(0), block_size);
+                                c1c.size(0), block_size, logits.defined() ? logits.data_ptr<scalar_t>() : nullptr);
   });
   return y;
 }
