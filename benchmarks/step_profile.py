@@ -103,14 +103,13 @@ def profile_model(name, model, task, bsz, beam, src_len, tgt_len, repeats, bandw
         raise ValueError(f"{name}: not on a fast-path stepper (step_profile profiles +fast / +bf16 / +int8 names)")
     steps = tgt_len + 1
     with torch.inference_mode():
-        gen.generate([model], sample)  # warm-up (and --bf16 prepares its weights' copies)
+        # a warm-up decode first (--bf16 prepares its weights' copies in it), then `repeats` timed ones
+        def decode():
+            gen.generate([model], sample)  # (returns None: interleaved times the call)
+
+        times = common.interleaved({name: decode}, repeats)[0][name]
         if name.endswith(decode_speed.BF16):
             nbytes -= decode_speed.bf16_saving(gen)
-        times = []
-        for _ in range(repeats):
-            t = time.perf_counter()
-            gen.generate([model], sample)
-            times.append(time.perf_counter() - t)
         instrument(gen)
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
             t = time.perf_counter()

@@ -67,23 +67,11 @@ void sparse_ffn_kernel(const T* x, const T* c1, const T* c2, const T* cb, const 
       }
     }
   });
-  // phase 2: y_t = b2 + Σ_b h[t,b] · W2[row]. Many tokens: a task per token, each chosen row read whole
-  // (contiguous d floats the prefetcher streams); a few tokens: each thread owns a slice of the output
-  // dimension of every token. Either way each output element sums its blocks in the same order.
-  if (logits) {
-    at::parallel_for(0, n, 1, [&](int64_t begin, int64_t end) {
-      for (int64_t t = begin; t < end; ++t) {
-        T* out = y + t * d;
-        for (int64_t i = 0; i < d; ++i) out[i] = b2[i];
-        for (int64_t b = 0; b < blocks; ++b) {
-          const T hv = h[t * blocks + b];
-          if (hv != T(0)) axpy(hv, w2 + rows[t * blocks + b] * d, out, d);
-        }
-      }
-    });
-    return;
-  }
-  const int64_t chunk = 64;
+  // phase 2: y_t = b2 + Σ_b h[t,b] · W2[row], a task per (token, slice of the output dimension). A few
+  // tokens: slices of 64, so the threads share every token; many tokens: one slice, a task per token, each
+  // chosen row read whole (contiguous d floats the prefetcher streams). Either way each output element sums
+  // its blocks in the same order.
+  const int64_t chunk = n >= kControllerGemmTokens ? std::max<int64_t>(d, 1) : 64;
   const int64_t slices = (d + chunk - 1) / chunk;
   at::parallel_for(0, n * slices, 1, [&](int64_t begin, int64_t end) {
     for (int64_t ts = begin; ts < end; ++ts) {
@@ -108,7 +96,7 @@ at::Tensor sparse_ffn_decode_cpu(const at::Tensor& x, const at::Tensor& c1, cons
   auto c1c = c1.contiguous(), c2c = c2.contiguous(), cbc = cb.contiguous();
   auto y = at::empty_like(xc);
   at::Tensor logits;  // (n, d_ff) = (x·C1ᵀ)·C2ᵀ + c, many tokens only
-  if (xc.size(0) >= kControllerGemmTokens) logits = at::addmm(cbc, at::mm(xc, c1c.t()), c2c.t()).contiguous();
+  if (xc.size(0) >= kControllerGemmTokens) logits = at::addmm(cbc, at::mm(xc, c1c.t()), c2c.t());
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "sparse_ffn_decode_cpu", [&] {
     sparse_ffn_kernel<scalar_t>(xc.data_ptr<scalar_t>(), c1c.data_ptr<scalar_t>(), c2c.data_ptr<scalar_t>(),
                                 cbc.data_ptr<scalar_t>(), w1c.data_ptr<scalar_t>(), w2c.data_ptr<scalar_t>(),
