@@ -170,10 +170,10 @@ def test_claim_is_exclusive_and_dies_with_its_process(tmp_path):
 
 
 def test_plan_orders_seeds_then_generalisation_tasks_then_ablations(tmp_path):
-    """After the sweep: seed 1 of every method, seed 2 of the baseline and the main configurations, the
-    Terraformer's generalisation tasks, seed 3, the ablations, the main configurations' other rates; the
+    """After the sweep: seed 1 of every method, seeds 2 and 3 of the baseline and the main configurations,
+    the Terraformer's generalisation tasks, the ablations, the main configurations' other rates; the
     synthetic configurations alone need neither the baseline nor the corpus."""
-    from fairseq_ext.tools.study import PROTOCOLS, Study, synthetic_configs
+    from fairseq_ext.tools.study import PROTOCOLS, Study, run_name, synthetic_configs
 
     p = PROTOCOLS["paper"]
     study = Study(tmp_path, p)
@@ -183,7 +183,7 @@ def test_plan_orders_seeds_then_generalisation_tasks_then_ablations(tmp_path):
     why = [r[3] for r in plan]
     assert all(r[1] == "2e-3" for r in plan if r[3] not in ("learning-rate sweep", "generalisation task",
                                                              "its own learning rate"))
-    stages = ["learning-rate sweep", "seed 1", "seed 2", "generalisation task", "seed 3", "ablation",
+    stages = ["learning-rate sweep", "seed 1", "seed 2", "seed 3", "generalisation task", "ablation",
               "its own learning rate"]
     firsts = [why.index(s) for s in stages]
     lasts = [len(why) - 1 - why[::-1].index(s) for s in stages]
@@ -192,6 +192,14 @@ def test_plan_orders_seeds_then_generalisation_tasks_then_ablations(tmp_path):
         "copy_terraformer", "copy_transformer", "addition_terraformer", "addition_transformer"}
     alone = Study(tmp_path / "alone", p, only={"copy_transformer"})
     assert [r[0] for r in alone.plan()] == ["copy_transformer"] and "baseline" not in alone.configs
+
+    # a run a sitting started (here an ablation) is finished before any new run of an earlier stage
+    todo = study.todo()
+    assert todo == [r for r in plan if r[3] != "learning-rate sweep"]
+    started = next(r for r in plan if r[3] == "ablation")
+    (tmp_path / "runs" / run_name(*started[:3])).mkdir(parents=True)
+    (tmp_path / "runs" / run_name(*started[:3]) / "checkpoint_last.pt").write_bytes(b"")
+    assert study.todo() == [started] + [r for r in todo if r != started]
 
 
 def test_synthetic_convergence_rules():

@@ -377,14 +377,11 @@ class Study:
         runs += [(c, lr, 1, "seed 1") for c in key]
         runs += [(c.name, lr, 1, "diagnosis") for c in self.configs.values() if c.role == "diagnosis"]
         runs += [(c.name, lr, 1, "seed 1") for c in mains if c.name not in key]
-        # the seeds before the ablations: every verdict on a paper's claim needs them; once every main
-        # configuration has two seeds, Terraformer's generalisation tasks (its claim has no run at all before)
+        # the seeds before everything else: every verdict on a paper's claim needs them; then Terraformer's
+        # generalisation tasks (a run may take up to s.max_updates updates: hours where a seed takes one)
         for seed in range(2, p.seeds + 1):
             runs += [(c, lr, seed, f"seed {seed}") for c in ["baseline"] + [m.name for m in mains]]
-            if seed == 2:
-                runs += synthetic
-        if p.seeds < 2:
-            runs += synthetic
+        runs += synthetic
         runs += [(c.name, lr, 1, "ablation") for c in ablations if c.name not in key]
         runs += [(c.name, other, 1, "its own learning rate") for c in mains for other in p.lrs if other != lr]
         return runs
@@ -644,6 +641,15 @@ class Study:
         self._locks[name] = fd
         return True
 
+    def todo(self):
+        """The planned runs without a result, in the plan's order except that a run interrupted earlier (its
+        checkpoint_last.pt is there) comes before every new one: what a sitting started is finished first."""
+        todo = [r for r in self.plan() if self.result(run_name(*r[:3])) is None]
+        def new(r):
+            return not os.path.exists(os.path.join(self.out, "runs", run_name(*r[:3]), "checkpoint_last.pt"))
+
+        return sorted(todo, key=new)  # a stable sort: the plan's order otherwise
+
     def release(self, name):
         fd = self._locks.pop(name, None)
         if fd is not None:
@@ -653,7 +659,7 @@ class Study:
         self.setup()
         done = 0
         while True:
-            todo = [r for r in self.plan() if self.result(run_name(*r[:3])) is None]
+            todo = self.todo()
             if not todo:
                 log(f"nothing left to run in this stage of the protocol; results in {self.results}")
                 return
