@@ -4,6 +4,7 @@ the first run, the second resumes and finishes every planned run, a third has no
 generated table is checked against the run files."""
 import json
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -81,6 +82,23 @@ def test_study_runs_resumes_and_tabulates(tiny_data, tmp_path):
         assert "last_optimizer_state" not in state and state["model"]
         assert all(v.dtype == torch.float16 for v in state["model"].values() if v.is_floating_point())
         assert "| valid | " in (folder / "train.log").read_text() and seeds[0]["name"] in (folder / "README.md").read_text()
+
+    # a chosen run whose model is gone (it finished on another machine) is an error naming --retrain; with it,
+    # the run trains again from the same settings and seed and reproduces the committed curve and scores
+    from fairseq_ext.tools.study_ship import REPRODUCED
+
+    median = json.loads((shipped / "study-baseline" / "score.json").read_text())["name"]
+    shutil.rmtree(out / "runs" / median)
+    ship = [sys.executable, "-m", "fairseq_ext.tools.study", "ship", "--study", str(out), "--results", str(results),
+            "--out", str(shipped), "--protocol", "tiny"]
+    missing = subprocess.run(ship, cwd=REPO, env=clean_env(), capture_output=True, text=True)
+    assert missing.returncode != 0 and median in missing.stderr and "--retrain" in missing.stderr, missing.stderr
+    again = run(ship + ["--retrain", "--corpus", str(corpus)], OMP_NUM_THREADS="1").stdout
+    assert f"{median}: trained again; identical to the committed run" in again, again[-3000:]
+    score = json.loads((shipped / "study-baseline" / "score.json").read_text())
+    assert all(score[k] == runs[median][k] for k in REPRODUCED) and score["name"] == median
+    assert "identical to the committed run's" in (shipped / "study-baseline" / "README.md").read_text()
+    assert json.loads((results / "runs" / f"{median}.json").read_text()) == runs[median]  # the committed file stays
 
     # sitting 3: nothing left, also for a fresh OUT (another clone or machine) that has only the published
     # run files: they count as finished runs

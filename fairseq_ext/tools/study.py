@@ -619,6 +619,21 @@ class Study:
             f"({result['epochs']} epochs, {stop})")
         return result
 
+    def retrain(self, config, lr, seed):
+        """Train a finished run again in OUT/runs (resumable as any run) when its model is not there (a run
+        finished on another machine): its result goes to OUT/results only; returns it."""
+        name = run_name(config, lr, seed)
+        stale = os.path.join(self.results, name + ".json")
+        if os.path.exists(stale) and not os.path.exists(os.path.join(self.out, "runs", name, "averaged.pt")):
+            os.remove(stale)  # a result here without its model: trained again
+        if not self.claim(name):
+            raise SystemExit(f"{name}: another process is training it, or its model is in {self.out}/runs already")
+        try:
+            log(f"run {name} (trained again for shipping)")
+            return self.do_run(config, lr, seed)
+        finally:
+            self.release(name)
+
     def claim(self, name):
         """Take run `name` for this process (several `run` processes can share OUT, each training other
         runs): an exclusive advisory lock (flock) on the run folder's lock file, held open until `release`.
@@ -700,6 +715,10 @@ def main(argv=None):
     s.add_argument("--results", default=RESULTS)
     s.add_argument("--out", default=os.path.join(REPO, "shipped"))
     s.add_argument("--protocol", choices=sorted(PROTOCOLS), default="paper")
+    s.add_argument("--retrain", action="store_true",
+                   help="train a chosen run again when its model is not in the study folder (a run finished on "
+                        "another machine), then compare its result with the committed one")
+    s.add_argument("--corpus", help="with --retrain: the corpus folder (default: the protocol's)")
     args = p.parse_args(argv)
     if args.cmd == "run":
         protocol = PROTOCOLS[args.protocol]
@@ -716,7 +735,16 @@ def main(argv=None):
     elif args.cmd == "ship":
         from .study_ship import ship
 
-        ship(args.study, args.results, args.out, PROTOCOLS[args.protocol].seeds)
+        protocol, retrain = PROTOCOLS[args.protocol], None
+        if args.retrain:
+            if not (args.corpus or protocol.corpus):
+                p.error(f"--retrain with --protocol {args.protocol} needs --corpus (the run trains on it)")
+            study = Study(args.study, protocol, args.corpus)  # publishes nowhere: the committed file stays
+            study.setup()
+
+            def retrain(run):
+                return study.retrain(run["config"], run["lr"], run["seed"])
+        ship(args.study, args.results, args.out, protocol.seeds, retrain)
     else:
         from .study_report import write_report
 

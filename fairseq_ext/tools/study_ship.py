@@ -7,8 +7,12 @@ rate, the seed whose test BLEU is the median (the lower of the two middle ones f
 seed) goes to OUT/study-CONFIG/: its averaged checkpoint as fp16 weights without optimizer state
 (tools/export_checkpoint.py), the SentencePiece model and dictionaries it was trained with, its train/valid
 log lines, its result file (score.json) and SHA256SUMS, which examples/evaluate.sh checks, so `make demo`
-translates with it. A configuration whose seeds are not all finished is skipped (said so); a chosen run
-whose model is not in STUDY/runs (a study carried over from another machine) is an error naming the run.
+translates with it. A configuration whose seeds are not all finished is skipped (said so). A chosen run
+whose model is not in STUDY/runs (it finished on another machine or in a sitting whose STUDY was not kept) is
+an error naming the run, or with `--retrain` is trained again with the same settings and seed; its result is
+compared with the committed one (epochs, updates, valid curve, averaged valid loss, BLEU, chrF: identical on
+the same CPU model, precision and thread count, as training and resuming are deterministic) and the model
+ships with its own result file, the comparison written in its README.
 """
 import hashlib
 import json
@@ -36,8 +40,36 @@ def _log_lines(path):
     return "".join(keep)
 
 
-def ship(study, results, out, seeds):
-    """Writes OUT/study-CONFIG for each complete configuration; returns {config: run name} shipped."""
+# what a run trained again from the same settings and seed must reproduce (the rest is time and machine)
+REPRODUCED = ("epochs", "updates", "valid_curve", "averaged_valid_loss", "bleu", "chrf")
+
+
+def compare(committed, again):
+    """{field: (committed, again)} for each REPRODUCED field that differs."""
+    return {k: (committed.get(k), again.get(k)) for k in REPRODUCED if committed.get(k) != again.get(k)}
+
+
+def _retrained_note(run, again, differs):
+    """The shipped README's paragraph on a model trained again: where, and how it compares."""
+    def where(r):
+        return f"{r.get('cpu')} ({r.get('precision')}, {r.get('threads')} thread(s))"
+
+    if not differs:
+        verdict = "Its epochs, updates, valid curve, averaged valid loss, BLEU and chrF are identical to the committed run's."
+    else:
+        same = all(run.get(k) == again.get(k) for k in ("cpu", "precision", "threads"))
+        verdict = ("It differs from the committed run in " + "; ".join(
+            f"{k} ({a} there, {b} here)" if k != "valid_curve" else "its valid curve" for k, (a, b) in differs.items())
+            + (" although both trained on the same CPU model, precision and threads" if same else
+               ": another CPU model, precision or thread count rounds differently") + ".")
+    return (f"This model was trained again from the same settings and seed (`python -m fairseq_ext.tools.study ship "
+            f"--retrain`) on {where(again)}; the committed run trained on {where(run)}. {verdict} score.json is "
+            "this model's own result.\n\n")
+
+
+def ship(study, results, out, seeds, retrain=None):
+    """Writes OUT/study-CONFIG for each complete configuration; returns {config: run name} shipped.
+    retrain(run) -> result: trains a chosen run whose model is missing again (None: that is an error)."""
     runs = [r for r in load_runs(results) if r.get("role") in ("baseline", "main")]
     lr = main_lr(runs)
     groups = {}
@@ -52,10 +84,16 @@ def ship(study, results, out, seeds):
         run = median_seed(rs)
         src = os.path.join(study, "runs", run["name"])
         model = os.path.join(src, "averaged.pt")
+        again = None
         if not os.path.exists(model):
-            raise SystemExit(f"{run['name']}: {model} is missing (the run finished on another machine or in a "
-                             f"sitting whose {study} was not kept); to train it again here, move "
-                             f"{os.path.join(results, 'runs', run['name'] + '.json')} away and rerun the study")
+            if retrain is None:
+                raise SystemExit(f"{run['name']}: {model} is missing (the run finished on another machine or in "
+                                 f"a sitting whose {study} was not kept); --retrain trains it again here")
+            again = retrain(run)
+            differs = compare(run, again)
+            trained_again = _retrained_note(run, again, differs)
+            print(f"{run['name']}: trained again; " + ("identical to the committed run" if not differs else
+                                                        f"differs from the committed run in {', '.join(differs)}"))
         dst = os.path.join(out, f"study-{config}")
         tmp = dst + ".tmp"
         shutil.rmtree(tmp, ignore_errors=True)
@@ -68,7 +106,7 @@ def ship(study, results, out, seeds):
         with open(os.path.join(tmp, "train.log"), "w", encoding="utf-8") as f:
             f.write(_log_lines(os.path.join(src, "train.log")))
         with open(os.path.join(tmp, "score.json"), "w") as f:
-            json.dump(run, f, indent=1)
+            json.dump(again or run, f, indent=1)
         with open(os.path.join(tmp, "SHA256SUMS"), "w") as f:  # (export() returns the checkpoint's digest)
             f.writelines(f"{digest}  {name}\n" for name, digest in digests.items())
         bleus = ", ".join(f"seed {r['seed']} {r['bleu']:.2f}" for r in sorted(rs, key=lambda r: r["seed"]))
@@ -80,6 +118,7 @@ def ship(study, results, out, seeds):
                 f"{run['stopped_by']}), the average of its last {run['averaged_checkpoints']} epoch checkpoints. "
                 f"Test BLEU of its seeds: {bleus} (mean {statistics.mean(r['bleu'] for r in rs):.2f}); this is "
                 f"the median one: BLEU {run['bleu']:.2f}, chrF {run['chrf']:.2f}.\n\n"
+                + (trained_again if again else "") +
                 "| file | what |\n|---|---|\n"
                 "| checkpoint.pt | fp16 weights (loaded into fp32), no optimizer state (`python -m "
                 "fairseq_ext.tools.export_checkpoint --fp16` of the run's averaged.pt) |\n"
