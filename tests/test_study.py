@@ -187,9 +187,9 @@ def test_claim_is_exclusive_and_dies_with_its_process(tmp_path):
     assert not mine.claim("r")
 
 
-def test_plan_orders_seeds_then_generalisation_tasks_then_ablations(tmp_path):
+def test_plan_orders_seeds_then_ablations_then_generalisation_tasks(tmp_path):
     """After the sweep: seed 1 of every method, seeds 2 and 3 of the baseline and the main configurations,
-    the Terraformer's generalisation tasks, the ablations, the main configurations' other rates; the
+    the ablations, the Terraformer's generalisation tasks, the main configurations' other rates; the
     synthetic configurations alone need neither the baseline nor the corpus."""
     from fairseq_ext.tools.study import PROTOCOLS, Study, run_name, synthetic_configs
 
@@ -201,7 +201,7 @@ def test_plan_orders_seeds_then_generalisation_tasks_then_ablations(tmp_path):
     why = [r[3] for r in plan]
     assert all(r[1] == "2e-3" for r in plan if r[3] not in ("learning-rate sweep", "generalisation task",
                                                              "its own learning rate"))
-    stages = ["learning-rate sweep", "seed 1", "seed 2", "seed 3", "generalisation task", "ablation",
+    stages = ["learning-rate sweep", "seed 1", "seed 2", "seed 3", "ablation", "generalisation task",
               "its own learning rate"]
     firsts = [why.index(s) for s in stages]
     lasts = [len(why) - 1 - why[::-1].index(s) for s in stages]

@@ -377,12 +377,13 @@ class Study:
         runs += [(c, lr, 1, "seed 1") for c in key]
         runs += [(c.name, lr, 1, "diagnosis") for c in self.configs.values() if c.role == "diagnosis"]
         runs += [(c.name, lr, 1, "seed 1") for c in mains if c.name not in key]
-        # the seeds before everything else: every verdict on a paper's claim needs them; then Terraformer's
-        # generalisation tasks (a run may take up to s.max_updates updates: hours where a seed takes one)
+        # the seeds before everything else: every verdict on a paper's claim needs them; then the ablations
+        # (they locate what a verdict's gap comes from), then Terraformer's generalisation tasks (a run may
+        # take up to s.max_updates updates: many hours where an ablation takes one or two)
         for seed in range(2, p.seeds + 1):
             runs += [(c, lr, seed, f"seed {seed}") for c in ["baseline"] + [m.name for m in mains]]
-        runs += synthetic
         runs += [(c.name, lr, 1, "ablation") for c in ablations if c.name not in key]
+        runs += synthetic
         runs += [(c.name, other, 1, "its own learning rate") for c in mains for other in p.lrs if other != lr]
         return runs
 
