@@ -277,7 +277,26 @@ def report(runs, train_speed=None, synthetic=None):
         lines += ["", "Not complete yet: " + ", ".join(missing) + ". `examples/study/run.sh runs/study` resumes them."]
     lines += ["", f"{len(runs)} runs; curves of validation loss per update: `valid_curves.png`. Each run's settings, "
               "curve, scores, sacrebleu signatures, machine and code version: `runs/<run>.json`."]
+    lines += ["", compute_line(runs + list(synthetic or []))]
     return "\n".join(lines), summary
+
+
+def compute_line(runs):
+    """The training time the runs took (their train_seconds: one process each, pauses of the process
+    included), per CPU model."""
+    per_cpu = {}
+    for r in runs:
+        if r.get("train_seconds"):
+            per_cpu.setdefault(r.get("cpu") or "unknown CPU", []).append(r["train_seconds"])
+    if not per_cpu:
+        return "Training time: not recorded in the run files."
+    total = sum(sum(t) for t in per_cpu.values())
+    parts = "; ".join(f"{cpu}: {len(t)} runs, {sum(t) / 3600:.1f} h (median {statistics.median(t) / 3600:.1f} h)"
+                      for cpu, t in sorted(per_cpu.items()))
+    n = sum(len(t) for t in per_cpu.values())
+    return (f"Training time of the {n} runs above, the generalisation tasks included (fairseq-train's wall time in "
+            f"each run file, one thread per process, usually two processes side by side): {total / 3600:.1f} "
+            f"process-hours; {parts}.")
 
 
 def curves(runs, lr, path):
