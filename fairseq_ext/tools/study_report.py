@@ -290,12 +290,11 @@ def compute_line(runs):
             per_cpu.setdefault(r.get("cpu") or "unknown CPU", []).append(r["train_seconds"])
     if not per_cpu:
         return "Training time: not recorded in the run files."
-    total = sum(sum(t) for t in per_cpu.values())
+    every = [t for ts in per_cpu.values() for t in ts]
     parts = "; ".join(f"{cpu}: {len(t)} runs, {sum(t) / 3600:.1f} h (median {statistics.median(t) / 3600:.1f} h)"
                       for cpu, t in sorted(per_cpu.items()))
-    n = sum(len(t) for t in per_cpu.values())
-    return (f"Training time of the {n} runs above, the generalisation tasks included (fairseq-train's wall time in "
-            f"each run file, one thread per process, usually two processes side by side): {total / 3600:.1f} "
+    return (f"Training time of the {len(every)} runs above, the generalisation tasks included (fairseq-train's wall time in "
+            f"each run file, one thread per process, usually two processes side by side): {sum(every) / 3600:.1f} "
             f"process-hours; {parts}.")
 
 

@@ -84,14 +84,14 @@ def ship(study, results, out, seeds, retrain=None):
         run = median_seed(rs)
         src = os.path.join(study, "runs", run["name"])
         model = os.path.join(src, "averaged.pt")
-        again = None
+        again, note = None, ""  # the run trained again here, and the README's paragraph on it
         if not os.path.exists(model):
             if retrain is None:
                 raise SystemExit(f"{run['name']}: {model} is missing (the run finished on another machine or in "
                                  f"a sitting whose {study} was not kept); --retrain trains it again here")
             again = retrain(run)
             differs = compare(run, again)
-            trained_again = _retrained_note(run, again, differs)
+            note = _retrained_note(run, again, differs)
             print(f"{run['name']}: trained again; " + ("identical to the committed run" if not differs else
                                                         f"differs from the committed run in {', '.join(differs)}"))
         dst = os.path.join(out, f"study-{config}")
@@ -118,7 +118,7 @@ def ship(study, results, out, seeds, retrain=None):
                 f"{run['stopped_by']}), the average of its last {run['averaged_checkpoints']} epoch checkpoints. "
                 f"Test BLEU of its seeds: {bleus} (mean {statistics.mean(r['bleu'] for r in rs):.2f}); this is "
                 f"the median one: BLEU {run['bleu']:.2f}, chrF {run['chrf']:.2f}.\n\n"
-                + (trained_again if again else "") +
+                + note +
                 "| file | what |\n|---|---|\n"
                 "| checkpoint.pt | fp16 weights (loaded into fp32), no optimizer state (`python -m "
                 "fairseq_ext.tools.export_checkpoint --fp16` of the run's averaged.pt) |\n"
