@@ -207,7 +207,8 @@ def test_plan_orders_seeds_then_ablations_then_generalisation_tasks(tmp_path):
     lasts = [len(why) - 1 - why[::-1].index(s) for s in stages]
     assert all(lasts[i] < firsts[i + 1] for i in range(len(stages) - 1)), why
     assert {r[0] for r in plan if r[3] == "generalisation task"} == {c.name for c in synthetic_configs(p)} == {
-        "copy_terraformer", "copy_transformer", "addition_terraformer", "addition_transformer"}
+        "copy_terraformer", "copy_transformer", "addition_terraformer", "addition_transformer",
+        "copy_terraformer_nopos"}
     alone = Study(tmp_path / "alone", p, only={"copy_transformer"})
     assert [r[0] for r in alone.plan()] == ["copy_transformer"] and "baseline" not in alone.configs
 
@@ -246,6 +247,8 @@ def test_synthetic_tasks_run_resume_and_tabulate(tmp_path):
     import re
 
     import torch
+
+    from fairseq_ext.tools import synthetic
 
     out, results = tmp_path / "study", tmp_path / "results"
     (results / "runs").mkdir(parents=True)
@@ -287,4 +290,8 @@ def test_synthetic_tasks_run_resume_and_tabulate(tmp_path):
     run([sys.executable, "-m", "fairseq_ext.tools.study", "table", "--results", str(results)])
     table = (results / "README.md").read_text()
     assert "### Terraformer's generalisation" in table and "| copy | transformer |" in table, table
-    assert f"{r['test']['sequence_accuracy']:.1f} / {r['test']['token_accuracy']:.1f} | 0.0 / 79.8 |" in table
+    e = r["test"]["errors"]  # how the wrong test answers are wrong, from the test decoding's own file
+    assert e == synthetic.errors(synthetic.read_generate(save / "generate-test.txt"))
+    assert e["exact"] + e["wrong_digits"] + e["too_long"] + e["too_short"] == s.test
+    assert (f"{r['test']['sequence_accuracy']:.1f} / {r['test']['token_accuracy']:.1f} | "
+            f"{e['edit_token_accuracy']:.1f} | 0.0 / 79.8 |") in table

@@ -48,6 +48,35 @@ def test_score_counts_sequences_and_positions(tmp_path):
     assert r["token_accuracy"] == pytest.approx(100 * (3 + 1 + 1) / (3 + 3 + 2))
 
 
+def test_edit_distance_against_known_cases():
+    ed = synthetic.edit_distance
+    assert ed([], []) == 0 and ed(list("abc"), []) == 3 and ed([], list("ab")) == 2
+    assert ed(list("kitten"), list("sitting")) == 3 and ed(list("flaw"), list("lawn")) == 2
+    rng = random.Random(0)
+    for _ in range(50):  # symmetric, within the length bounds, zero only for equal lists
+        a = [rng.choice("01") for _ in range(rng.randint(0, 9))]
+        b = [rng.choice("01") for _ in range(rng.randint(0, 9))]
+        d = ed(a, b)
+        assert d == ed(b, a) and abs(len(a) - len(b)) <= d <= max(len(a), len(b)) and (d == 0) == (a == b)
+
+
+def test_errors_separate_a_lost_place_from_wrong_digits(tmp_path):
+    ref = "1 2 3 4 5 6 7 8 9 0"
+    out = tmp_path / "generate.out"
+    out.write_text(f"T-0\t{ref}\nH-0\t-0.1\t{ref}\n"
+                   f"T-1\t{ref}\nH-1\t-0.1\t1 2 3 3 4 5 6 7 8 9 0\n"  # one digit repeated: the rest shifts
+                   f"T-2\t{ref}\nH-2\t-0.1\t1 2 3 4 5 6 7 8 0 0\n"  # one wrong digit
+                   f"T-3\t{ref}\nH-3\t-0.1\t1 2\n")  # stopped early
+    position = synthetic.main(["score", str(out)])
+    r = synthetic.main(["errors", str(out), "--json", str(tmp_path / "e.json")])
+    assert position["token_accuracy"] == pytest.approx(100 * (10 + 3 + 9 + 2) / (10 + 11 + 10 + 10))
+    assert r["edit_token_accuracy"] == pytest.approx(100 * (1 - (0 + 1 + 1 + 8) / 40))
+    assert (r["exact"], r["too_long"], r["wrong_digits"], r["too_short"]) == (1, 1, 1, 1)
+    assert r["median_correct_prefix"] == 3  # prefixes 3, 8, 2
+    with open(tmp_path / "e.json") as f:
+        assert __import__("json").load(f) == r
+
+
 def test_clear_errors(tmp_path):
     with pytest.raises(SystemExit, match="digit range '30-20'"):
         synthetic.main(["make", "--task", "copy", "--out", str(tmp_path), "--test-digits", "30-20"])

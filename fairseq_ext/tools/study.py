@@ -183,14 +183,18 @@ def configs(p):
 
 
 def synthetic_configs(p):
-    """Terraformer's generalisation runs: each task with each of the two models (role 'synthetic')."""
+    """Terraformer's generalisation runs (role 'synthetic'): each task with each of the two models, and after
+    copy the diagnosis of its result (the Terraformer without positional embeddings: docs/terraformer/README.md)."""
     from .synthetic import model_flags
 
     if p.synthetic is None:
         return []
-    return [Config(f"{task}_{model}", "terraformer", "synthetic", f"{task}, {model} (Table 4)",
-                   model_flags(model, p.synthetic.dims)) for task in ("copy", "addition")
-            for model in ("terraformer", "transformer")]
+    table4 = {task: [Config(f"{task}_{model}", "terraformer", "synthetic", f"{task}, {model} (Table 4)",
+                            model_flags(model, p.synthetic.dims)) for model in ("terraformer", "transformer")]
+              for task in ("copy", "addition")}
+    return table4["copy"] + [Config("copy_terraformer_nopos", "terraformer", "synthetic",
+                                    "copy, terraformer without positional embeddings (diagnosis)",
+                                    model_flags("terraformer_nopos", p.synthetic.dims))] + table4["addition"]
 
 
 def synthetic_convergence(evals, s):
@@ -452,11 +456,12 @@ class Study:
             found = re.findall(r"Saved checkpoint \S+ \(epoch \d+ @ (\d+) updates", f.read())
         return int(found[-1]) if found else 0
 
-    def synthetic_decode(self, data_bin, ckpt, split, out):
-        """Greedy decoding of `split` with checkpoint `ckpt`: {examples, sequence_accuracy, token_accuracy}."""
+    def synthetic_decode(self, data_bin, ckpt, split, out, analyse=False):
+        """Greedy decoding of `split` with checkpoint `ckpt`: {examples, sequence_accuracy, token_accuracy}, and
+        with `analyse` how the wrong answers are wrong ("errors": synthetic.errors)."""
         import torch
 
-        from .synthetic import read_generate, score
+        from .synthetic import errors, read_generate, score
 
         device = [] if torch.cuda.is_available() else ["--cpu"]
         # the answer is at most one digit longer than the longest operand: max length = source length + 2
@@ -466,7 +471,8 @@ class Study:
         with open(out + ".tmp", "w", encoding="utf-8") as f:
             f.write(text)
         os.replace(out + ".tmp", out)
-        return score(read_generate(out))
+        pairs = read_generate(out)
+        return {**score(pairs), **({"errors": errors(pairs)} if analyse else {})}
 
     def synthetic_chunk(self, c, lr, seed, data_bin, save, train_log, target):
         """fairseq-train up to `target` updates (from checkpoint_last.pt when there is one)."""
@@ -530,7 +536,7 @@ class Study:
         chosen = os.path.join(save, f"checkpoint_at{best['updates']}.pt")
         log(f"{name}: stopped after {evals[-1]['updates']} updates ({stop}); the checkpoint of the best valid "
             f"accuracy ({best['updates']} updates) decodes the test set")
-        test = self.synthetic_decode(data_bin, chosen, "test", os.path.join(save, "generate-test.txt"))
+        test = self.synthetic_decode(data_bin, chosen, "test", os.path.join(save, "generate-test.txt"), analyse=True)
         for old in glob.glob(os.path.join(save, "checkpoint_at*.pt")) + [os.path.join(save, "checkpoint_best.pt")]:
             if old != chosen and os.path.exists(old):  # checkpoint_last.pt and the kept one stay
                 os.remove(old)

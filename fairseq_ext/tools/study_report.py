@@ -39,6 +39,8 @@ MARGIN = {"bleu": 0.5, "valid_loss": 0.01}  # absolute BLEU; relative validation
 SYNTHETIC_PAPER = {("copy", "terraformer"): (93.9, 99.9), ("copy", "transformer"): (0.0, 79.8),
                    ("addition", "terraformer"): (32.4, 86.9), ("addition", "transformer"): (0.0, 36.4)}
 SYNTHETIC_MARGIN = 5.0
+# the diagnosis runs beside them (task, model): no paper figure, no verdict of their own
+SYNTHETIC_DIAGNOSES = [("copy", "terraformer_nopos")]
 LOWER_IS_BETTER = {"bleu": False, "chrf": False, "valid_loss": True}
 T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
 
@@ -121,6 +123,12 @@ def load_train_speed(results):
         return json.load(f)
 
 
+def edit(r):
+    """A synthetic run's test token accuracy by edit distance, or '-' for a run file written without it."""
+    e = r["test"].get("errors")
+    return "-" if e is None else f"{e['edit_token_accuracy']:.1f}"
+
+
 def synthetic_section(runs, summary):
     """Terraformer's generalisation tasks: each run's accuracies beside the paper's, and per task the verdict
     on its claim (the Terraformer generalises to longer numbers, the Transformer does not)."""
@@ -128,29 +136,35 @@ def synthetic_section(runs, summary):
              "Trained on operands of " + runs[0]["train_digits"] + " digits until the valid set's (in "
              "distribution) accuracy stopped improving; the checkpoint of the best valid accuracy decodes the "
              f"test set, operands of {runs[0]['test_digits']} digits (out of distribution); greedy decoding; "
-             "sequence / token accuracy in %; 1 seed (the paper reports one figure per model).", "",
+             "sequence / token accuracy in %, the token accuracy position by position (a missing or extra position counts as wrong); edit distance: "
+             "the test's token accuracy as 1 − edit distance / reference tokens, where one digit left out or repeated "
+             "costs one token, not every later position (`python -m fairseq_ext.tools.synthetic errors`); 1 seed (the "
+             "paper reports one figure per model).", "",
              "| task | model | parameters | updates | stopped by | valid (in distribution) | test (out of distribution) "
-             "| paper, test |", "|---|---|---|---|---|---|---|---|"]
+             "| test, edit distance | paper, test |", "|---|---|---|---|---|---|---|---|---|"]
     by = {(r["task"], r["model"]): r for r in runs}
     for task in ("copy", "addition"):
-        for model in ("terraformer", "transformer"):
+        for model in ["terraformer", "transformer"] + [m for t, m in SYNTHETIC_DIAGNOSES if t == task]:
             r = by.get((task, model))
-            paper = SYNTHETIC_PAPER[(task, model)]
+            paper = SYNTHETIC_PAPER.get((task, model))
+            paper = "- (diagnosis)" if paper is None else f"{paper[0]:.1f} / {paper[1]:.1f}"
             if r is None:
-                lines.append(f"| {task} | {model} | - | - | not run yet | - | - | {paper[0]:.1f} / {paper[1]:.1f} |")
+                lines.append(f"| {task} | {model} | - | - | not run yet | - | - | - | {paper} |")
                 continue
             lines.append(f"| {task} | {model} | {r['parameters'] / 1e6:.2f}M | {r['updates']:,} "
                          f"(best {r['chosen_updates']:,}) | {r['stopped_by']} | {r['valid']['sequence_accuracy']:.1f} / "
                          f"{r['valid']['token_accuracy']:.1f} | {r['test']['sequence_accuracy']:.1f} / "
-                         f"{r['test']['token_accuracy']:.1f} | {paper[0]:.1f} / {paper[1]:.1f} |")
-    lines += ["", "| task | claim | Terraformer − Transformer, test token accuracy | verdict |", "|---|---|---|---|"]
+                         f"{r['test']['token_accuracy']:.1f} | " + edit(r) + f" | {paper} |")
+    lines += ["", "| task | claim | Terraformer − Transformer, test token accuracy | test sequence accuracy | "
+              "verdict |", "|---|---|---|---|---|"]
     summary["synthetic"] = []
     for task in ("copy", "addition"):
         t, b = by.get((task, "terraformer")), by.get((task, "transformer"))
         if t is None or b is None:
-            diff, v = None, "not run yet"
+            diff, seq, v = None, None, "not run yet"
         else:
             diff = t["test"]["token_accuracy"] - b["test"]["token_accuracy"]
+            seq = t["test"]["sequence_accuracy"] - b["test"]["sequence_accuracy"]
             if not (t["converged"] and b["converged"]):
                 v = "inconclusive (not converged)"
             elif diff > SYNTHETIC_MARGIN:
@@ -160,8 +174,9 @@ def synthetic_section(runs, summary):
         claim = (f"on {task}, the Terraformer generalises to over 2× longer numbers than it trained on, better than "
                  f"the Transformer (paper, token accuracy at 256-300 digits: {SYNTHETIC_PAPER[(task, 'terraformer')][1]:.1f}"
                  f" vs {SYNTHETIC_PAPER[(task, 'transformer')][1]:.1f})")
-        lines.append(f"| {task} | {claim} | " + ("-" if diff is None else f"{diff:+.1f} points") + f" | {v} |")
-        summary["synthetic"].append({"task": task, "difference": diff, "verdict": v})
+        lines.append(f"| {task} | {claim} | " + ("-" if diff is None else f"{diff:+.1f} points") + " | "
+                     + ("-" if seq is None else f"{seq:+.1f} points") + f" | {v} |")
+        summary["synthetic"].append({"task": task, "difference": diff, "sequence_difference": seq, "verdict": v})
     return lines
 
 
@@ -271,8 +286,9 @@ def report(runs, train_speed=None, synthetic=None):
     mains += [c for c in ["one_wide_ffn", "can", "sparse_ffn", "sparse_ffn_qkv", "sas"]
               if runs[0].get("protocol", "paper") == "paper" and c not in mains]
     missing = [f"{c} ({len(groups.get(c, []))}/{want} seeds)" for c in mains if len(groups.get(c, [])) < want]
-    if runs[0].get("protocol", "paper") == "paper" and len(synthetic or []) < len(SYNTHETIC_PAPER):
-        missing.append(f"Terraformer's generalisation tasks ({len(synthetic or [])}/{len(SYNTHETIC_PAPER)} runs)")
+    expected = len(SYNTHETIC_PAPER) + len(SYNTHETIC_DIAGNOSES)
+    if runs[0].get("protocol", "paper") == "paper" and len(synthetic or []) < expected:
+        missing.append(f"Terraformer's generalisation tasks ({len(synthetic or [])}/{expected} runs)")
     if missing:
         lines += ["", "Not complete yet: " + ", ".join(missing) + ". `examples/study/run.sh runs/study` resumes them."]
     lines += ["", f"{len(runs)} runs; curves of validation loss per update: `valid_curves.png`. Each run's settings, "

@@ -4,7 +4,8 @@ number, and long addition; train on inputs of at most 128 digits, test on 256-30
     python -m fairseq_ext.tools.synthetic make --task copy|addition --out DIR [--train 100000]
         [--valid 1000] [--test 1000] [--max-train-digits 128] [--test-digits 256-300] [--seed 1]
     python -m fairseq_ext.tools.synthetic score GENERATE_OUT [--json FILE]
-    python -m fairseq_ext.tools.synthetic flags terraformer|transformer
+    python -m fairseq_ext.tools.synthetic errors GENERATE_OUT [--json FILE]
+    python -m fairseq_ext.tools.synthetic flags terraformer|transformer|terraformer_nopos
 
 `flags` prints the model flags of the two models compared (one per line), the ones
 examples/terraformer/synthetic.sh and the reproduction study (fairseq_ext/tools/study.py) train.
@@ -15,7 +16,12 @@ vocabulary). Train and valid take operand lengths uniform in 1..max-train-digits
 range (over 2x longer: the out-of-distribution part). For addition each operand has its own length.
 `score` reads fairseq-generate's output (T- and H- lines) and reports exact-sequence accuracy and
 per-token accuracy (position-wise over the reference; a missing or extra position counts as wrong), the
-two figures of the paper's Table 4.
+two figures of the paper's Table 4. `errors` tells how the wrong answers are wrong, which position-wise
+token accuracy cannot: one token left out or repeated makes every later position wrong, a wrong digit only
+its own. It reports the edit-distance token accuracy (1 − Levenshtein distance / reference tokens, each
+answer's distance capped at its reference's length), the median correct prefix of the wrong answers (the
+position of their first error) and how many answers are exact, of the right length with wrong digits, too
+long, or too short.
 """
 import argparse
 import json
@@ -30,12 +36,16 @@ DIMS = ["--encoder-layers", "2", "--decoder-layers", "2", "--encoder-embed-dim",
 # terraformer: terraformer_base's parts (sparse FFN N = 64, sparse QKV S = 8, SRU width 32, reversible,
 # concatenated decoder with two attention layers per block); transformer: fairseq's pre-norm Transformer,
 # the paper's baseline
+# terraformer_nopos: the Terraformer without positional embeddings, order from its recurrence and causal
+# attention alone (the study's diagnosis of its copy result: sinusoidal positions past the trained 128 are
+# unseen in training)
 MODELS = {"terraformer": ["--arch", "terraformer_base"],
-          "transformer": ["--arch", "transformer", "--encoder-normalize-before", "--decoder-normalize-before"]}
+          "transformer": ["--arch", "transformer", "--encoder-normalize-before", "--decoder-normalize-before"],
+          "terraformer_nopos": ["--arch", "terraformer_base", "--no-token-positional-embeddings"]}
 
 
 def model_flags(model, dims=None):
-    """fairseq-train flags of `model` (terraformer | transformer) at `dims` (default DIMS)."""
+    """fairseq-train flags of `model` (terraformer | transformer | terraformer_nopos) at `dims` (default DIMS)."""
     if model not in MODELS:
         raise ValueError(f"model {model!r}: choose {' or '.join(MODELS)}")
     return MODELS[model] + list(DIMS if dims is None else dims)
@@ -111,6 +121,41 @@ def score(pairs):
             "token_accuracy": 100.0 * correct / positions}
 
 
+def edit_distance(a, b):
+    """Levenshtein distance between token lists a and b (insertions, deletions, substitutions; O(len a × len b))."""
+    prev = list(range(len(b) + 1))
+    for i, x in enumerate(a, 1):
+        cur = [i]
+        for j, y in enumerate(b, 1):
+            cur.append(min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (x != y)))
+        prev = cur
+    return prev[-1]
+
+
+def errors(pairs):
+    """How the answers are wrong: {examples, edit_token_accuracy (%), exact, wrong_digits (right length),
+    too_long, too_short (counts), median_correct_prefix (tokens before the first error, over the wrong answers;
+    None when none is wrong)}."""
+    if not pairs:
+        raise ValueError("no examples to analyse")
+    kinds = {"exact": 0, "wrong_digits": 0, "too_long": 0, "too_short": 0}
+    distance = reference = 0
+    prefixes = []
+    for ref, hyp in pairs.values():
+        distance += min(edit_distance(ref, hyp), len(ref))
+        reference += len(ref)
+        if ref == hyp:
+            kinds["exact"] += 1
+            continue
+        kinds["wrong_digits" if len(hyp) == len(ref) else "too_long" if len(hyp) > len(ref) else "too_short"] += 1
+        prefixes.append(next((k for k, (r, h) in enumerate(zip(ref, hyp)) if r != h), min(len(ref), len(hyp))))
+    prefixes.sort()
+    n = len(prefixes)
+    median = None if not n else (prefixes[n // 2] if n % 2 else (prefixes[n // 2 - 1] + prefixes[n // 2]) / 2)
+    return {"examples": len(pairs), "edit_token_accuracy": 100.0 * (1 - distance / reference) if reference else 100.0,
+            **kinds, "median_correct_prefix": median}
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -126,6 +171,9 @@ def main(argv=None):
     s = sub.add_parser("score", help="sequence and token accuracy of a fairseq-generate output")
     s.add_argument("generate_out")
     s.add_argument("--json")
+    e = sub.add_parser("errors", help="how the wrong answers of a fairseq-generate output are wrong")
+    e.add_argument("generate_out")
+    e.add_argument("--json")
     f = sub.add_parser("flags", help="the fairseq-train model flags of a compared model, one per line")
     f.add_argument("model", choices=sorted(MODELS))
     a = p.parse_args(argv)
@@ -137,7 +185,7 @@ def main(argv=None):
             counts = make(a.task, a.out, a.train, a.valid, a.test, a.max_train_digits, a.test_digits, a.seed)
             print(json.dumps(counts))
             return counts
-        result = score(read_generate(a.generate_out))
+        result = (errors if a.cmd == "errors" else score)(read_generate(a.generate_out))
     except ValueError as e:
         sys.exit(f"synthetic: {e}")
     print(json.dumps(result))
