@@ -39,8 +39,6 @@ MARGIN = {"bleu": 0.5, "valid_loss": 0.01}  # absolute BLEU; relative validation
 SYNTHETIC_PAPER = {("copy", "terraformer"): (93.9, 99.9), ("copy", "transformer"): (0.0, 79.8),
                    ("addition", "terraformer"): (32.4, 86.9), ("addition", "transformer"): (0.0, 36.4)}
 SYNTHETIC_MARGIN = 5.0
-# the diagnosis runs beside them (task, model): no paper figure, no verdict of their own
-SYNTHETIC_DIAGNOSES = [("copy", "terraformer_nopos")]
 LOWER_IS_BETTER = {"bleu": False, "chrf": False, "valid_loss": True}
 T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
 
@@ -129,6 +127,14 @@ def edit(r):
     return "-" if e is None else f"{e['edit_token_accuracy']:.1f}"
 
 
+def synthetic_planned():
+    """(task, model) of every generalisation run the study's protocol plans (study.synthetic_configs): the four
+    of Table 4 and the diagnosis runs beside them (no paper figure, no verdict of their own)."""
+    from .study import PROTOCOLS, synthetic_configs
+
+    return [tuple(c.name.split("_", 1)) for c in synthetic_configs(PROTOCOLS["paper"])]
+
+
 def synthetic_section(runs, summary):
     """Terraformer's generalisation tasks: each run's accuracies beside the paper's, and per task the verdict
     on its claim (the Terraformer generalises to longer numbers, the Transformer does not)."""
@@ -144,7 +150,7 @@ def synthetic_section(runs, summary):
              "| test, edit distance | paper, test |", "|---|---|---|---|---|---|---|---|---|"]
     by = {(r["task"], r["model"]): r for r in runs}
     for task in ("copy", "addition"):
-        for model in ["terraformer", "transformer"] + [m for t, m in SYNTHETIC_DIAGNOSES if t == task]:
+        for model in [m for t, m in synthetic_planned() if t == task]:
             r = by.get((task, model))
             paper = SYNTHETIC_PAPER.get((task, model))
             paper = "- (diagnosis)" if paper is None else f"{paper[0]:.1f} / {paper[1]:.1f}"
@@ -286,7 +292,7 @@ def report(runs, train_speed=None, synthetic=None):
     mains += [c for c in ["one_wide_ffn", "can", "sparse_ffn", "sparse_ffn_qkv", "sas"]
               if runs[0].get("protocol", "paper") == "paper" and c not in mains]
     missing = [f"{c} ({len(groups.get(c, []))}/{want} seeds)" for c in mains if len(groups.get(c, [])) < want]
-    expected = len(SYNTHETIC_PAPER) + len(SYNTHETIC_DIAGNOSES)
+    expected = len(synthetic_planned())
     if runs[0].get("protocol", "paper") == "paper" and len(synthetic or []) < expected:
         missing.append(f"Terraformer's generalisation tasks ({len(synthetic or [])}/{expected} runs)")
     if missing:

@@ -27,6 +27,7 @@ import argparse
 import json
 import os
 import random
+import statistics
 import sys
 
 # Both models at the same dims: 2 + 2 layers, d 256, 4 heads, FFN 1,024, pre-norm, sinusoidal positions.
@@ -149,11 +150,8 @@ def errors(pairs):
             continue
         kinds["wrong_digits" if len(hyp) == len(ref) else "too_long" if len(hyp) > len(ref) else "too_short"] += 1
         prefixes.append(next((k for k, (r, h) in enumerate(zip(ref, hyp)) if r != h), min(len(ref), len(hyp))))
-    prefixes.sort()
-    n = len(prefixes)
-    median = None if not n else (prefixes[n // 2] if n % 2 else (prefixes[n // 2 - 1] + prefixes[n // 2]) / 2)
     return {"examples": len(pairs), "edit_token_accuracy": 100.0 * (1 - distance / reference) if reference else 100.0,
-            **kinds, "median_correct_prefix": median}
+            **kinds, "median_correct_prefix": statistics.median(prefixes) if prefixes else None}
 
 
 def main(argv=None):
