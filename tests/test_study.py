@@ -209,6 +209,7 @@ def test_plan_orders_seeds_then_ablations_then_generalisation_tasks(tmp_path):
     assert {r[0] for r in plan if r[3] == "generalisation task"} == {c.name for c in synthetic_configs(p)} == {
         "copy_terraformer", "copy_transformer", "addition_terraformer", "addition_transformer",
         "copy_terraformer_nopos"}
+    assert [r for r in plan if r[0] == "can_uncapped"] == [("can_uncapped", "2e-3", 2, "diagnosis")]
     alone = Study(tmp_path / "alone", p, only={"copy_transformer"})
     assert [r[0] for r in alone.plan()] == ["copy_transformer"] and "baseline" not in alone.configs
 
@@ -219,6 +220,28 @@ def test_plan_orders_seeds_then_ablations_then_generalisation_tasks(tmp_path):
     (tmp_path / "runs" / run_name(*started[:3])).mkdir(parents=True)
     (tmp_path / "runs" / run_name(*started[:3]) / "checkpoint_last.pt").write_bytes(b"")
     assert study.todo() == [started] + [r for r in todo if r != started]
+
+
+def test_convergence_rules_and_a_configurations_own_cap():
+    """Patience, plateau (the last 20% of the updates improved the best by under 1%), the 20-epoch cap; the
+    CAN diagnosis trains the same model and seed under twice the cap, paired with the baseline's seed 2."""
+    from fairseq_ext.tools.study import PROTOCOLS, configs, convergence, run_protocol
+
+    p = PROTOCOLS["paper"]
+    updates = [700 * (i + 1) for i in range(40)]
+    steady = [7.0 - 0.02 * i for i in range(40)]  # 0.3% better every epoch: never a plateau
+    assert convergence(steady[:19], updates[:19], p) is None
+    assert convergence(steady[:20], updates[:20], p) == "max_epochs"
+    flat = steady[:12] + [steady[11] - 0.001 * i for i in range(1, 9)]
+    assert convergence(flat, updates[:20], p) == "plateau"
+    worse = steady[:10] + [steady[9] + 0.01] * 3
+    assert convergence(worse, updates[:13], p) == "patience"
+    c = {c.name: c for c in configs(p)}
+    uncapped, can = c["can_uncapped"], c["can"]
+    assert uncapped.flags == can.flags and (uncapped.seed, uncapped.max_epochs) == (2, 40)
+    assert run_protocol(p, can) is p and run_protocol(p, uncapped).max_epochs == 40 and p.max_epochs == 20
+    assert convergence(steady[:20], updates[:20], run_protocol(p, uncapped)) is None
+    assert convergence(steady, updates, run_protocol(p, uncapped)) == "max_epochs"
 
 
 def test_synthetic_convergence_rules():
