@@ -134,6 +134,7 @@ def configs(p):
     enc_layers = int(p.dims[p.dims.index("--encoder-layers") + 1])
     layers = enc_layers + int(p.dims[p.dims.index("--decoder-layers") + 1])
     owf = ["--arch", "one_wide_ffn", *ffn(f), "--encoder-ffn-sharing", "shared", "--decoder-ffn-sharing", "none"]
+    can = ["--arch", "can_decoder", *ffn(f), "--can-value-dim", str(f)]
     qkv_ffn = {512: 704, 64: 128}.get(f, f)  # d_ff that brings sparse FFN + QKV to the baseline's parameters
     # the scaling_sparse archs start from Transformer Big's defaults (attention dropout 0.1): pinned to the
     # baseline's 0 (tests/test_study.py checks every configuration's regularisation against the baseline's)
@@ -152,17 +153,17 @@ def configs(p):
                owf + ["--encoder-shared-ffn-dim", str(layers * f), "--shared-ffn-lr-scale", f"{1 / enc_layers:g}",
                       "--optimizer", "adam_no_decay_gains"]),
         Config("can", "can", "main", f"CAN decoder (self + cross attention + FFN in one sub-layer), d_v {f}",
-               ["--arch", "can_decoder", *ffn(f), "--can-value-dim", str(f)]),
+               can),
         # the CAN diagnosis (docs/can/README.md): every baseline seed stopped by the convergence rule (15-18
         # epochs), CAN's seeds 2 and 3 by the 20-epoch cap, still improving; seed 2 again with twice the cap
         # (its first 20 epochs repeat the seed-2 run) tests whether the gap is the budget's or the model's
         Config("can_uncapped", "can", "diagnosis", f"CAN seed {min(2, p.seeds)}, epoch cap {2 * p.max_epochs}",
-               ["--arch", "can_decoder", *ffn(f), "--can-value-dim", str(f)], seed=min(2, p.seeds),
+               can, seed=min(2, p.seeds),
                max_epochs=2 * p.max_epochs),
         Config("can_attention", "can", "ablation", "CAN, attention compressed only",
-               ["--arch", "can_decoder", *ffn(f), "--can-value-dim", str(f), "--can-compress", "attention"]),
+               can + ["--can-compress", "attention"]),
         Config("can_ffn", "can", "ablation", "CAN, FFN compressed only",
-               ["--arch", "can_decoder", *ffn(f), "--can-value-dim", str(f), "--can-compress", "ffn"]),
+               can + ["--can-compress", "ffn"]),
         Config("sparse_ffn", "scaling_sparse", "main", "top-1-of-64 sparse FFN",
                ["--arch", "scaling_sparse_ff", *ffn(f), "--sparse-ffn-block-size", str(min(64, f)), *big_defaults]),
         # the sparse FFN diagnosis (docs/scaling_sparse/README.md): at d_ff 512, N = 64 leaves 8 active units per
@@ -399,7 +400,7 @@ class Study:
         # take up to s.max_updates updates: many hours where an ablation takes one or two)
         for seed in range(2, p.seeds + 1):
             runs += [(c, lr, seed, f"seed {seed}") for c in ["baseline"] + [m.name for m in mains]]
-        runs += [(c.name, lr, 1, "ablation") for c in ablations if c.name not in key]
+        runs += [(c.name, lr, c.seed, "ablation") for c in ablations if c.name not in key]
         runs += synthetic
         runs += [(c.name, other, 1, "its own learning rate") for c in mains for other in p.lrs if other != lr]
         return runs
