@@ -209,7 +209,8 @@ def test_plan_orders_seeds_then_ablations_then_generalisation_tasks(tmp_path):
     assert {r[0] for r in plan if r[3] == "generalisation task"} == {c.name for c in synthetic_configs(p)} == {
         "copy_terraformer", "copy_transformer", "addition_terraformer", "addition_transformer",
         "copy_terraformer_nopos"}
-    assert [r for r in plan if r[0] == "can_uncapped"] == [("can_uncapped", "2e-3", 2, "diagnosis")]
+    assert [r for r in plan if r[0].startswith("can_uncapped")] == [("can_uncapped", "2e-3", 2, "diagnosis"),
+                                                                     ("can_uncapped_s3", "2e-3", 3, "diagnosis")]
     alone = Study(tmp_path / "alone", p, only={"copy_transformer"})
     assert [r[0] for r in alone.plan()] == ["copy_transformer"] and "baseline" not in alone.configs
 
@@ -239,6 +240,8 @@ def test_convergence_rules_and_a_configurations_own_cap():
     c = {c.name: c for c in configs(p)}
     uncapped, can = c["can_uncapped"], c["can"]
     assert uncapped.flags == can.flags and (uncapped.seed, uncapped.max_epochs) == (2, 40)
+    assert c["can_uncapped_s3"].flags == can.flags and (c["can_uncapped_s3"].seed, c["can_uncapped_s3"].max_epochs) == (3, 40)
+    assert not any(n.startswith("can_uncapped_s3") for n in (x.name for x in configs(PROTOCOLS["tiny"])))
     assert run_protocol(p, can) is p and run_protocol(p, uncapped).max_epochs == 40 and p.max_epochs == 20
     assert convergence(steady[:20], updates[:20], run_protocol(p, uncapped)) is None
     assert convergence(steady, updates, run_protocol(p, uncapped)) == "max_epochs"
