@@ -155,14 +155,11 @@ def configs(p):
         Config("can", "can", "main", f"CAN decoder (self + cross attention + FFN in one sub-layer), d_v {f}",
                can),
         # the CAN diagnosis (docs/can/README.md): every baseline seed stopped by the convergence rule (15-18
-        # epochs), CAN's seeds 2 and 3 by the 20-epoch cap, still improving; seed 2 again with twice the cap
-        # (its first 20 epochs repeat the seed-2 run) tests whether the gap is the budget's or the model's
-        Config("can_uncapped", "can", "diagnosis", f"CAN seed {min(2, p.seeds)}, epoch cap {2 * p.max_epochs}",
-               can, seed=min(2, p.seeds),
-               max_epochs=2 * p.max_epochs),
-        # seed 2 uncapped closed the gap to within the margin; seed 3, the other capped seed, the same way
-        *([Config("can_uncapped_s3", "can", "diagnosis", f"CAN seed 3, epoch cap {2 * p.max_epochs}",
-                  can, seed=3, max_epochs=2 * p.max_epochs)] if p.seeds >= 3 else []),
+        # epochs), CAN's seeds 2 and 3 by the 20-epoch cap, still improving; those seeds again with twice the
+        # cap (their first 20 epochs repeat the capped runs) test whether the gap is the budget's or the model's
+        *[Config("can_uncapped" + ("" if seed == 2 else f"_s{seed}"), "can", "diagnosis",
+                 f"CAN seed {seed}, epoch cap {2 * p.max_epochs}", can, seed=seed, max_epochs=2 * p.max_epochs)
+          for seed in range(2, p.seeds + 1)],
         Config("can_attention", "can", "ablation", "CAN, attention compressed only",
                can + ["--can-compress", "attention"]),
         Config("can_ffn", "can", "ablation", "CAN, FFN compressed only",
