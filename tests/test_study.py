@@ -211,6 +211,8 @@ def test_plan_orders_seeds_then_ablations_then_generalisation_tasks(tmp_path):
         "copy_terraformer_nopos"}
     assert [r for r in plan if r[0].startswith("can_uncapped")] == [("can_uncapped", "2e-3", 2, "diagnosis"),
                                                                      ("can_uncapped_s3", "2e-3", 3, "diagnosis")]
+    assert [r for r in plan if r[0].endswith("_window")] == [("one_wide_ffn_window", "2e-3", 1, "diagnosis"),
+                                                              ("can_ffn_window", "2e-3", 1, "diagnosis")]
     alone = Study(tmp_path / "alone", p, only={"copy_transformer"})
     assert [r[0] for r in alone.plan()] == ["copy_transformer"] and "baseline" not in alone.configs
 
@@ -246,6 +248,38 @@ def test_convergence_rules_and_a_configurations_own_cap():
     assert run_protocol(p, can) is p and run_protocol(p, uncapped).max_epochs == 40 and p.max_epochs == 20
     assert convergence(steady[:20], updates[:20], run_protocol(p, uncapped)) is None
     assert convergence(steady, updates, run_protocol(p, uncapped)) == "max_epochs"
+
+
+def test_plateau_window_diagnosis_trains_on_where_the_protocol_stopped_after_10_epochs():
+    """The committed One Wide FFN seed 1 and CAN FFN-only runs: the protocol's plateau rule stopped them after
+    10 epochs, judged on a 2-epoch window (the last 20% of the updates); their diagnosis runs (same flags and
+    seed, a window of at least 4 epochs, cap 40) train on from the same curves, stop once 4 epochs gain under
+    1%, and leave the protocol itself unchanged."""
+    from fairseq_ext.tools.study import PROTOCOLS, configs, convergence, run_protocol
+
+    p = PROTOCOLS["paper"]
+    c = {c.name: c for c in configs(p)}
+    for judged, diag in (("one_wide_ffn", "one_wide_ffn_window"), ("can_ffn", "can_ffn_window")):
+        d = c[diag]
+        assert (d.flags, d.role, d.paper, d.seed) == (c[judged].flags, "diagnosis", c[judged].paper, 1)
+        assert (d.max_epochs, d.min_window) == (40, 4)
+        run = json.load(open(os.path.join(REPO, "docs", "results", "runs", f"{judged}-lr4e-3-s1.json")))
+        updates, losses = zip(*[(u, loss) for u, loss, _ in run["valid_curve"]])
+        assert (run["epochs"], run["stopped_by"]) == (10, "plateau")
+        assert convergence(losses, updates, p) == "plateau"
+        assert all(convergence(losses[:n], updates[:n], p) is None for n in range(1, 10))
+        assert convergence(losses, updates, run_protocol(p, d)) is None
+        # then a curve that keeps gaining 0.4% per epoch trains on to the cap; one that flattens after epoch 10
+        # stops within the 4-epoch window
+        ups = [updates[0] * (i + 1) for i in range(40)]
+        gaining = list(losses) + [losses[-1] * 0.996 ** i for i in range(1, 31)]
+        assert all(convergence(gaining[:n], ups[:n], run_protocol(p, d)) is None for n in range(10, 40))
+        assert convergence(gaining, ups, run_protocol(p, d)) == "max_epochs"
+        flat = list(losses) + [losses[-1] - 1e-3 * i for i in range(1, 11)]  # 0.015% per epoch after epoch 10
+        stops = [n for n in range(10, len(flat) + 1) if convergence(flat[:n], ups[:n], run_protocol(p, d))]
+        assert 11 < stops[0] <= 14 and convergence(flat[:stops[0]], ups[:stops[0]], run_protocol(p, d)) == "plateau"
+    assert run_protocol(p, c["one_wide_ffn"]) is p and p.min_window == 0
+    assert not {"one_wide_ffn_window", "can_ffn_window"} & {x.name for x in configs(PROTOCOLS["tiny"])}
 
 
 def test_synthetic_convergence_rules():

@@ -25,6 +25,7 @@ import argparse
 import fcntl
 import glob
 import json
+import math
 import os
 import re
 import shutil
@@ -78,6 +79,7 @@ class Protocol:
     improve: float
     average: int  # epoch checkpoints averaged for evaluation
     dropout: float = 0.1
+    min_window: int = 0  # the plateau rule's window spans at least this many epochs (0: only `tail`)
     eval_flags: list = field(default_factory=list)
     synthetic: Synthetic = None
 
@@ -120,11 +122,13 @@ class Config:
     flags: list  # model flags beyond the protocol's dims (FFN widths included)
     seed: int = 1  # the seed of a one-seed run (paired with the baseline's run of that seed)
     max_epochs: int = None  # the epoch cap, where it is not the protocol's (a diagnosis of a capped result)
+    min_window: int = None  # the plateau rule's shortest window in epochs, where it is not the protocol's
 
 
 def run_protocol(p, c):
-    """Protocol p as configuration c trains under it: its own epoch cap where it has one."""
-    return replace(p, max_epochs=c.max_epochs) if c.max_epochs else p
+    """Protocol p as configuration c trains under it: its own epoch cap and plateau window where it has them."""
+    own = {k: v for k, v in (("max_epochs", c.max_epochs), ("min_window", c.min_window)) if v}
+    return replace(p, **own) if own else p
 
 
 def configs(p):
@@ -135,6 +139,7 @@ def configs(p):
     layers = enc_layers + int(p.dims[p.dims.index("--decoder-layers") + 1])
     owf = ["--arch", "one_wide_ffn", *ffn(f), "--encoder-ffn-sharing", "shared", "--decoder-ffn-sharing", "none"]
     can = ["--arch", "can_decoder", *ffn(f), "--can-value-dim", str(f)]
+    owf_wide, can_ffn = owf + ["--encoder-shared-ffn-dim", str(layers * f)], can + ["--can-compress", "ffn"]
     qkv_ffn = {512: 704, 64: 128}.get(f, f)  # d_ff that brings sparse FFN + QKV to the baseline's parameters
     # the scaling_sparse archs start from Transformer Big's defaults (attention dropout 0.1): pinned to the
     # baseline's 0 (tests/test_study.py checks every configuration's regularisation against the baseline's)
@@ -142,7 +147,7 @@ def configs(p):
     return [
         Config("baseline", "baseline", "baseline", "Transformer, pre-norm", ["--arch", "transformer", *ffn(f)]),
         Config("one_wide_ffn", "one_wide_ffn", "main",
-               f"SharedEncNoDec widened to d_ff' = {layers} x {f}", owf + ["--encoder-shared-ffn-dim", str(layers * f)]),
+               f"SharedEncNoDec widened to d_ff' = {layers} x {f}", owf_wide),
         Config("shared_enc_no_dec", "one_wide_ffn", "ablation", f"SharedEncNoDec at d_ff' = {f}",
                owf + ["--encoder-shared-ffn-dim", str(f)]),
         # the One Wide FFN diagnosis (docs/one_wide_ffn/README.md): the shared FFN acts in every encoder layer,
@@ -160,10 +165,18 @@ def configs(p):
         *[Config("can_uncapped" + ("" if seed == 2 else f"_s{seed}"), "can", "diagnosis",
                  f"CAN seed {seed}, epoch cap {2 * p.max_epochs}", can, seed=seed, max_epochs=2 * p.max_epochs)
           for seed in range(2, p.seeds + 1)],
+        # the plateau rule's diagnosis (docs/results/README.md, Convergence): a run the rule stops after 10 epochs
+        # is judged on a 2-epoch window, where a 20-epoch run gets 4; One Wide FFN's seed 1 and the CAN FFN-only
+        # ablation stopped so while still improving. The same model and seed again, the window at least
+        # tail x cap epochs and twice the cap: its first epochs repeat the judged run, the rest say where it ends
+        *[Config(f"{c}_window", paper, "diagnosis",
+                 f"{c} seed 1, plateau window >= {window} epochs, epoch cap {2 * p.max_epochs}", flags,
+                 max_epochs=2 * p.max_epochs, min_window=window)
+          for c, paper, flags in (("one_wide_ffn", "one_wide_ffn", owf_wide), ("can_ffn", "can", can_ffn))
+          for window in [math.ceil(p.tail * p.max_epochs)] if window > 2],  # > the 2 epochs those runs were judged on
         Config("can_attention", "can", "ablation", "CAN, attention compressed only",
                can + ["--can-compress", "attention"]),
-        Config("can_ffn", "can", "ablation", "CAN, FFN compressed only",
-               can + ["--can-compress", "ffn"]),
+        Config("can_ffn", "can", "ablation", "CAN, FFN compressed only", can_ffn),
         Config("sparse_ffn", "scaling_sparse", "main", "top-1-of-64 sparse FFN",
                ["--arch", "scaling_sparse_ff", *ffn(f), "--sparse-ffn-block-size", str(min(64, f)), *big_defaults]),
         # the sparse FFN diagnosis (docs/scaling_sparse/README.md): at d_ff 512, N = 64 leaves 8 active units per
@@ -247,7 +260,8 @@ def dedup_valid(valid):
 def convergence(losses, updates, p):
     """Why a run with end-of-epoch valid `losses` at `updates` stops now, or None to train on:
     'patience' (no improvement in the last p.patience validations), 'plateau' (at least p.min_epochs, and
-    the last p.tail of the updates improved the best valid loss by less than p.improve of it), or
+    the last p.tail of the updates, and at least the last p.min_window epochs, improved the best valid loss
+    by less than p.improve of it), or
     'max_epochs' (the cap: not converged)."""
     n = len(losses)
     if n == 0:
@@ -256,7 +270,8 @@ def convergence(losses, updates, p):
     if p.patience and n > p.patience and min(losses[-p.patience:]) >= min(losses[:-p.patience]):
         return "patience"
     if n >= p.min_epochs:
-        early = [l for l, u in zip(losses, updates) if u <= (1 - p.tail) * updates[-1]]
+        early = [l for i, (l, u) in enumerate(zip(losses, updates))
+                 if u <= (1 - p.tail) * updates[-1] and i < n - p.min_window]
         if early and min(early) - best < p.improve * best:
             return "plateau"
     if n >= p.max_epochs:
