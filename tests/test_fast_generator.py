@@ -112,7 +112,11 @@ def test_int8_quantizes_the_decoder_and_decodes_as_fairseq_on_the_quantized_mode
     from fairseq_ext.ops.int8_linear import Int8Linear as QLinear
 
     task, model = _sharpened(tiny_data, arch)
-    gen = _compare(model, task, fixed_batch(task, n=3), tol=1e-4, int8=True, beam_size=3, max_len_b=8)
+    # the same tokens; scores within 1e-3: a last-bit difference before a quantized product (the fp32 steps'
+    # other memory layouts) can move one activation across a rounding boundary of its int8 row, which moves
+    # that product by one quantization step (1/127 of the row's range): 1.2e-4 in sas_block's scores on a
+    # Xeon with AMX, under 3e-6 elsewhere; a wrong layer or scale moves them by far more than 1e-3
+    gen = _compare(model, task, fixed_batch(task, n=3), tol=1e-3, int8=True, beam_size=3, max_len_b=8)
     stepper = gen.model.stepper  # the products reading one input run as one concatenated int8 layer
     if arch == "transformer_tiny":
         assert all(isinstance(f, QLinear) for f in stepper.qkv)
