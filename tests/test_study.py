@@ -213,6 +213,10 @@ def test_plan_orders_seeds_then_ablations_then_generalisation_tasks(tmp_path):
                                                                      ("can_uncapped_s3", "2e-3", 3, "diagnosis")]
     assert [r for r in plan if r[0].endswith("_window")] == [("one_wide_ffn_window", "2e-3", 1, "diagnosis"),
                                                               ("can_ffn_window", "2e-3", 1, "diagnosis")]
+    # the protocol's cost paragraph counts this plan's runs
+    doc = " ".join(open(os.path.join(REPO, "docs", "results", "README.md")).read().split())
+    assert f"The full plan below is {len(plan) - len(synthetic_configs(p))} translation runs" in doc
+    assert f"the {len(synthetic_configs(p))} runs of Terraformer's generalisation tasks" in doc
     alone = Study(tmp_path / "alone", p, only={"copy_transformer"})
     assert [r[0] for r in alone.plan()] == ["copy_transformer"] and "baseline" not in alone.configs
 
