@@ -168,7 +168,8 @@ def configs(p):
         # the plateau rule's diagnosis (docs/results/README.md, Convergence): a run the rule stops after 10 epochs
         # is judged on a 2-epoch window, where a 20-epoch run gets 4; One Wide FFN's seed 1 and the CAN FFN-only
         # ablation stopped so while still improving. The same model and seed again, the window at least
-        # tail x cap epochs and twice the cap: its first epochs repeat the judged run, the rest say where it ends
+        # tail x cap epochs and twice the cap: its first epochs repeat the judged run (same CPU model, precision and
+        # thread count), the rest say where it ends
         *[Config(f"{c}_window", paper, "diagnosis",
                  f"{c} seed 1, plateau window >= {window} epochs, epoch cap {2 * p.max_epochs}", flags,
                  max_epochs=2 * p.max_epochs, min_window=window)
