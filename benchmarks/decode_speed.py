@@ -405,6 +405,10 @@ def main(argv=None):
         p.error(f"--baseline {args.baseline}: not a registered architecture or checkpoint")
     result = run(models, baseline, batch_sizes, args.beam, args.src_len, args.tgt_len, args.repeats,
                  args.warmup, threads)
+    for spec in [args.baseline] + args.candidates:  # each model's spec (arch@FLAGS or checkpoint), by its name
+        name, model = common.split_label(spec)
+        if name in result["models"]:
+            result["models"][name]["spec"] = model
     path = common.publish(args.name, result, table(result), args.out_dir)
     plot(result, path[:-5] + ".png")
     print(f"\nwrote {path} (+ .md, .png)")

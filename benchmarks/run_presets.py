@@ -26,13 +26,20 @@ STUDY_DIMS = " ".join(_STUDY.dims) + f" --encoder-ffn-embed-dim {_STUDY.ffn} --d
 DENSE_SMALL = f"dense=transformer@{SMALL} {SMALL_FFN}"
 
 
-def _study_model(c):
-    """A study configuration (fairseq_ext/tools/study.py) as NAME=ARCH@FLAGS at the study's dims."""
-    i = c.flags.index("--arch")
-    return f"{c.name}={c.flags[i + 1]}@{' '.join(_STUDY.dims + c.flags[:i] + c.flags[i + 2:])}"
+def _study_models():
+    """The study's configurations (fairseq_ext/tools/study.py) as NAME=ARCH@FLAGS at the study's dims, each
+    model once (a diagnosis that trains a configuration's model again, e.g. with another cap, is not measured
+    twice: the study's table finds it by its spec)."""
+    models, seen = [], set()
+    for c in sorted(_study.configs(_STUDY), key=lambda c: c.role == "diagnosis"):  # a model by its own name
+        spec = _study.bench_spec(_STUDY.dims + c.flags)
+        if spec not in seen:
+            seen.add(spec)
+            models.append(f"{c.name}={spec}")
+    return models
 
 
-STUDY_MODELS = [_study_model(c) for c in _study.configs(_STUDY)]
+STUDY_MODELS = _study_models()
 SMALL_SPARSE = [f"sparse_ff=scaling_sparse_ff@{SMALL} {SMALL_FFN} --sparse-ffn-block-size 64",
                 f"sparse_ff_n128=scaling_sparse_ff@{SMALL} {SMALL_FFN} --sparse-ffn-block-size 128",
                 f"sparse_ff_qkv=scaling_sparse@{SMALL} --sparse-qkv-modules 4 --encoder-ffn-embed-dim 1344 "
@@ -113,6 +120,11 @@ PRESETS = {
     # the study's configurations (docs/results) at the study's dims, fp32 and bf16 autocast, one thread (as each
     # study process trains): the training-speed column of the study's table (ratios to the baseline in this run)
     "train_study": (train_precision, STUDY_MODELS[0], STUDY_MODELS[1:], ["--threads", "1"]),
+    # ... and their decoding speed (fairseq's generator, beam 5, one thread), unbatched and at batch 64: the
+    # decoding-speed column of the study's table (batch 64; ratios to the baseline in this run)
+    "decode_study": (decode_speed, STUDY_MODELS[0], STUDY_MODELS[1:],
+                     ["--threads", "1", "--beam", "5", "--batch-sizes", "1,64", "--vocab", str(_STUDY.vocab),
+                      "--repeats", "3"]),
     # glibc malloc vs tcmalloc (what examples/train.sh preloads on a CPU): the study's baseline shape and the
     # recipes' small baseline, in the precision the recipes choose, one process per measurement
     "train_allocator": (train_allocator, f"study_baseline=transformer@{STUDY_DIMS}", train_precision.MODELS[:1], []),

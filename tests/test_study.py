@@ -360,3 +360,42 @@ def test_synthetic_tasks_run_resume_and_tabulate(tmp_path):
     assert e["exact"] + e["wrong_digits"] + e["too_long"] + e["too_short"] == s.test
     assert (f"{r['test']['sequence_accuracy']:.1f} / {r['test']['token_accuracy']:.1f} | "
             f"{e['edit_token_accuracy']:.1f} | 0.0 / 79.8 |") in table
+
+
+def test_speed_columns_come_from_the_benchmarks_by_model_spec():
+    """The table's training and decoding speeds are the train_study / decode_study benchmarks' (every model in
+    one run, ratios to the baseline there), not the runs' own logs: a diagnosis that retrains a measured
+    configuration's model (same flags) shows that model's figures, a model the benchmark lacks shows '-', and
+    the decoding ratio is the benchmark's median of interleaved rounds."""
+    from fairseq_ext.tools.study import PROTOCOLS, bench_spec, configs
+    from fairseq_ext.tools.study_report import report
+
+    p = PROTOCOLS["paper"]
+    c = {c.name: c for c in configs(p)}
+    spec = {n: bench_spec(p.dims + c[n].flags) for n in ("baseline", "can", "sas")}
+    assert spec["can"].startswith("can_decoder@--encoder-layers 4") and "--arch" not in spec["can"]
+
+    def run_file(config, seed, bleu):
+        return {"name": f"{config}-lr4e-3-s{seed}", "config": config, "paper": c[config].paper,
+                "role": c[config].role, "lr": "4e-3", "seed": seed, "flags": " ".join(p.dims + c[config].flags),
+                "parameters": 2_000_000, "epochs": 10, "updates": 7000, "stopped_by": "plateau", "converged": True,
+                "valid_curve": [[7000, 6.2, 5.0]], "valid_loss": 6.2, "averaged_valid_loss": 6.2, "bleu": bleu,
+                "chrf": 30.0, "decode_sentences_per_s": 999.0, "train_tokens_per_s": 99_999}
+
+    runs = [run_file("baseline", s, 8.0) for s in (1, 2, 3)] + [run_file("can", s, 7.5) for s in (1, 2, 3)]
+    runs += [run_file("can_uncapped", 2, 7.7), run_file("sas_encoder", 1, 7.4)]
+    train = {"settings": {"threads": 1}, "machine": {"processor": "CPU X"},
+             "models": {"baseline": {"spec": spec["baseline"], "bf16_tokens_per_s": 10_000.0},
+                        "can": {"spec": spec["can"], "bf16_tokens_per_s": 12_000.0}}}
+    decode = {"settings": {"beam": 5, "threads": 1}, "machine": {"processor": "CPU Y"},
+              "models": {"baseline": {"spec": spec["baseline"], "results": {"64": {"tokens_per_s": {"median": 1000.0}}}},
+                         "can": {"spec": spec["can"], "results": {"64": {"tokens_per_s": {"median": 800.0}}}}},
+              "ratios": {"64": {"can": {"median": 0.79}}}}
+    body, summary = report(runs, train, None, decode)
+    rows = {line.split(" | ")[0][2:]: line.split(" | ") for line in body.splitlines() if line.startswith("| ")}
+    assert "decoding tokens/s" in body and "decode_study" in body and "99,999" not in body and "999.0" not in body
+    assert rows["baseline"][8:10] == ["10,000", "1,000.0"]
+    assert rows["can"][8:10] == ["12,000 (1.20×)", "800.0 (0.79×)"]
+    assert rows["can_uncapped"][8:10] == rows["can"][8:10]  # the same model, found by its spec
+    assert rows["sas_encoder"][8:10] == ["-", "-"]  # not measured
+    assert summary["configs"]["can_uncapped"]["decode_ratio"] == 0.79

@@ -131,6 +131,15 @@ def run_protocol(p, c):
     return replace(p, **own) if own else p
 
 
+def bench_spec(flags):
+    """A run's model flags (protocol dims + a configuration's flags, `--arch` among them) as the benchmarks'
+    model spec ARCH@FLAGS (benchmarks/run_presets.py measures each study configuration under this spec; the
+    study's table finds a configuration's speed by it, so two configurations of one model share one figure)."""
+    flags = list(flags)
+    i = flags.index("--arch")
+    return f"{flags[i + 1]}@{' '.join(flags[:i] + flags[i + 2:])}"
+
+
 def configs(p):
     """The study's configurations at protocol p's dims (docs/results/README.md: why each one)."""
     ffn = lambda w: ["--encoder-ffn-embed-dim", str(w), "--decoder-ffn-embed-dim", str(w)]

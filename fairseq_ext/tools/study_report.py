@@ -110,15 +110,30 @@ def verdict(diff, name):
     return "inconclusive at this scale"
 
 
-def load_train_speed(results):
-    """The training-speed benchmark of the study's configurations (benchmarks/run_presets.py, preset
-    train_study: every configuration in one process on one machine), beside docs/results in docs/benchmarks;
-    None when it is absent."""
-    path = os.path.join(os.path.dirname(os.path.abspath(results)), "benchmarks", "train_study.json")
+def load_bench(results, name):
+    """A speed benchmark of the study's configurations (benchmarks/run_presets.py, preset `name`: train_study
+    or decode_study, every configuration in one process on one machine), beside docs/results in
+    docs/benchmarks; None when it is absent."""
+    path = os.path.join(os.path.dirname(os.path.abspath(results)), "benchmarks", name + ".json")
     if not os.path.exists(path):
         return None
     with open(path) as f:
         return json.load(f)
+
+
+def load_train_speed(results):
+    return load_bench(results, "train_study")
+
+
+def bench_entry(models, run):
+    """The benchmark's entry for run's configuration: by its name, else the model measured under the same
+    spec (a diagnosis that trains a measured configuration's model again); None where it was not measured."""
+    from .study import bench_spec
+
+    if run["config"] in models:
+        return models[run["config"]]
+    spec = bench_spec(run["flags"].split())
+    return next((m for m in models.values() if m.get("spec") == spec), None)
 
 
 def edit(r):
@@ -186,7 +201,10 @@ def synthetic_section(runs, summary):
     return lines
 
 
-def report(runs, train_speed=None, synthetic=None):
+DECODE_BATCH = "64"  # the decoding benchmark's batch size the table shows (sentences per batch, beam 5)
+
+
+def report(runs, train_speed=None, synthetic=None, decode_speed=None):
     """(markdown, summary dict). train_speed: load_train_speed's benchmark, the source of the training-speed
     column (the runs' own logs are measured on whichever machine and code each run trained with).
     synthetic: the runs of Terraformer's generalisation tasks (their own section)."""
@@ -227,18 +245,30 @@ def report(runs, train_speed=None, synthetic=None):
                       f"({m['processor']}; `docs/benchmarks/train_study.md`), × the baseline there. ")
     else:
         speed_note = "Training tokens/s: median of each run's log, × the baseline's. "
+    dbench = (decode_speed or {}).get("models", {})
+    if dbench:
+        ds = decode_speed["settings"]
+        decode_note = (f"Decoding tokens/s: fairseq's generator, beam {ds['beam']}, batches of {DECODE_BATCH} "
+                       f"sentences, {ds['threads']} thread, every configuration measured in one run of "
+                       f"`python benchmarks/run_presets.py --only decode_study` ({decode_speed['machine']['processor']}; "
+                       "`docs/benchmarks/decode_study.md`), × the baseline there (median of interleaved rounds).")
+        decode_head = "decoding tokens/s"
+    else:
+        decode_note = ("Decoding sentences/s: each run's test-set translation (mean over seeds), × the baseline's "
+                       "runs on the same CPU model (- where none ran there).")
+        decode_head = "decoding sentences/s"
     lines += [f"### Every configuration at the baseline's learning rate ({lr})", "",
               "Mean ± standard deviation over seeds; Δ: paired difference to the baseline (same seed), "
               "* where a paired t-test over the seeds gives p < 0.05. Valid loss: the averaged checkpoints, "
-              "bits per token (label-smoothed). " + speed_note + "Decoding sentences/s: each run's test-set "
-              "translation (mean over seeds), × the baseline's runs on the same CPU model (- where none ran there).",
+              "bits per token (label-smoothed). " + speed_note + decode_note,
               "", "| configuration | parameters | seeds | epochs | valid loss | BLEU | Δ BLEU | chrF | training tokens/s "
-              "| decoding sentences/s | converged |",
+              f"| {decode_head} | converged |",
               "|---|---|---|---|---|---|---|---|---|---|---|"]
 
     def train_tps(config, rs):
         if bench:
-            return bench[config]["bf16_tokens_per_s"] if config in bench else None
+            entry = bench_entry(bench, rs[0])
+            return entry["bf16_tokens_per_s"] if entry else None
         return statistics.mean([r["train_tokens_per_s"] for r in rs if r.get("train_tokens_per_s")] or [0]) or None
 
     def decode_ratio(rs):
@@ -257,8 +287,15 @@ def report(runs, train_speed=None, synthetic=None):
         rs = sorted(groups[config], key=lambda r: r["seed"])
         vl, bl, cf = (mean_sd([metric(r, k) for r in rs]) for k in ("valid_loss", "bleu", "chrf"))
         tps = train_tps(config, rs)
-        dps = statistics.mean([r["decode_sentences_per_s"] for r in rs if r.get("decode_sentences_per_s")] or [0])
-        dratio = decode_ratio(rs) if config != "baseline" else None
+        if dbench:
+            entry = bench_entry(dbench, rs[0])
+            dps = entry["results"][DECODE_BATCH]["tokens_per_s"]["median"] if entry else None
+            ratio = decode_speed["ratios"][DECODE_BATCH].get(next((n for n, m in dbench.items() if m is entry), ""))
+            dratio = ratio["median"] if ratio and config != "baseline" else None
+        else:
+            dps = statistics.mean([r["decode_sentences_per_s"] for r in rs if r.get("decode_sentences_per_s")]
+                                  or [0])
+            dratio = decode_ratio(rs) if config != "baseline" else None
         d = paired(rs, base, "bleu") if config != "baseline" else None
         dtxt = "-" if d is None else (f"{d[0]:+.2f}" + (f" ± {d[1]:.2f}" if d[1] is not None else "") + (" *" if d[3] else ""))
         conv = sum(r["converged"] for r in rs)
@@ -266,9 +303,12 @@ def report(runs, train_speed=None, synthetic=None):
             f"| {config} | {rs[0]['parameters'] / 1e6:.2f}M | {len(rs)} | {statistics.mean(r['epochs'] for r in rs):.1f} "
             f"| {fmt(*vl, 3)} | {fmt(*bl)} | {dtxt} | {fmt(*cf)} | "
             + ("-" if tps is None else f"{tps:,.0f}" + (f" ({tps / base_tps:.2f}×)" if base_tps and config != "baseline" else ""))
-            + f" | {dps:.1f}" + (f" ({dratio:.2f}×)" if dratio else "") + f" | {conv}/{len(rs)} |")
+            + (" | -" if dps is None else f" | {dps:,.1f}" + (f" ({dratio:.2f}×)" if dratio else ""))
+            + f" | {conv}/{len(rs)} |")
         summary["configs"][config] = {"seeds": [r["seed"] for r in rs], "valid_loss": vl, "bleu": bl, "chrf": cf,
-                                      "delta_bleu": d, "train_tokens_per_s": tps, "decode_sentences_per_s": dps}
+                                      "delta_bleu": d, "train_tokens_per_s": tps,
+                                      ("decode_tokens_per_s" if dbench else "decode_sentences_per_s"): dps,
+                                      "decode_ratio": dratio}
     lines += ["", "### The papers' claims at this scale", "",
               "| paper | claim | metric | our difference to the baseline | verdict |", "|---|---|---|---|---|"]
     for config, paper, claim, name in CLAIMS:
@@ -365,7 +405,7 @@ def write_report(results, check=False):
     everything = load_runs(results)
     runs = [r for r in everything if r.get("role") != "synthetic"]
     synthetic = [r for r in everything if r.get("role") == "synthetic"]
-    body, summary = report(runs, load_train_speed(results), synthetic)
+    body, summary = report(runs, load_train_speed(results), synthetic, load_bench(results, "decode_study"))
     changed = []
     targets = [os.path.join(results, "README.md")]
     readme = os.path.join(REPO, "README.md")
