@@ -52,10 +52,11 @@ def build_trainer(data, arch, flags, bf16, tokens):
     from fairseq.trainer import Trainer
 
     argv = [data, "--user-dir", os.path.join(common.REPO, "fairseq_ext"), "--cpu", "--task", "translation",
-            "--source-lang", "en", "--target-lang", "de", "--arch", arch, *flags, "--optimizer", "adam",
+            "--source-lang", "en", "--target-lang", "de", "--arch", arch, "--optimizer", "adam",
             "--adam-betas", "(0.9, 0.98)", "--lr", "1e-3", "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "500",
             "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1", "--dropout", "0.1",
-            "--max-tokens", str(tokens), "--seed", "1"] + (["--bf16"] if bf16 else [])
+            "--max-tokens", str(tokens), "--seed", "1",
+            *flags] + (["--bf16"] if bf16 else [])  # a spec's own flags last: they override (e.g. --optimizer)
     args = options.parse_args_and_arch(options.get_training_parser(), argv)
     cfg = convert_namespace_to_omegaconf(args)
     task = tasks.setup_task(cfg.task)
