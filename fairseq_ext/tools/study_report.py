@@ -121,19 +121,15 @@ def load_bench(results, name):
         return json.load(f)
 
 
-def load_train_speed(results):
-    return load_bench(results, "train_study")
-
-
-def bench_entry(models, run):
-    """The benchmark's entry for run's configuration: by its name, else the model measured under the same
-    spec (a diagnosis that trains a measured configuration's model again); None where it was not measured."""
+def bench_name(models, run):
+    """The benchmark's name for run's model: its configuration's, else the model measured under the same spec
+    (a diagnosis that trains a measured configuration's model again); None where it was not measured."""
     from .study import bench_spec
 
     if run["config"] in models:
-        return models[run["config"]]
+        return run["config"]
     spec = bench_spec(run["flags"].split())
-    return next((m for m in models.values() if m.get("spec") == spec), None)
+    return next((n for n, m in models.items() if m.get("spec") == spec), None)
 
 
 def edit(r):
@@ -205,9 +201,10 @@ DECODE_BATCH = "64"  # the decoding benchmark's batch size the table shows (sent
 
 
 def report(runs, train_speed=None, synthetic=None, decode_speed=None):
-    """(markdown, summary dict). train_speed: load_train_speed's benchmark, the source of the training-speed
+    """(markdown, summary dict). train_speed: load_bench's train_study, the source of the training-speed
     column (the runs' own logs are measured on whichever machine and code each run trained with).
-    synthetic: the runs of Terraformer's generalisation tasks (their own section)."""
+    synthetic: the runs of Terraformer's generalisation tasks (their own section). decode_speed: load_bench's
+    decode_study, the source of the decoding-speed column (else each run's own test decoding)."""
     if not runs:
         if synthetic:  # only the generalisation tasks ran (--configs copy_transformer,...)
             summary = {"runs": 0}
@@ -267,8 +264,8 @@ def report(runs, train_speed=None, synthetic=None, decode_speed=None):
 
     def train_tps(config, rs):
         if bench:
-            entry = bench_entry(bench, rs[0])
-            return entry["bf16_tokens_per_s"] if entry else None
+            name = bench_name(bench, rs[0])
+            return bench[name]["bf16_tokens_per_s"] if name else None
         return statistics.mean([r["train_tokens_per_s"] for r in rs if r.get("train_tokens_per_s")] or [0]) or None
 
     def decode_ratio(rs):
@@ -288,9 +285,9 @@ def report(runs, train_speed=None, synthetic=None, decode_speed=None):
         vl, bl, cf = (mean_sd([metric(r, k) for r in rs]) for k in ("valid_loss", "bleu", "chrf"))
         tps = train_tps(config, rs)
         if dbench:
-            entry = bench_entry(dbench, rs[0])
-            dps = entry["results"][DECODE_BATCH]["tokens_per_s"]["median"] if entry else None
-            ratio = decode_speed["ratios"][DECODE_BATCH].get(next((n for n, m in dbench.items() if m is entry), ""))
+            name = bench_name(dbench, rs[0])
+            dps = dbench[name]["results"][DECODE_BATCH]["tokens_per_s"]["median"] if name else None
+            ratio = decode_speed["ratios"][DECODE_BATCH].get(name)
             dratio = ratio["median"] if ratio and config != "baseline" else None
         else:
             dps = statistics.mean([r["decode_sentences_per_s"] for r in rs if r.get("decode_sentences_per_s")]
@@ -405,7 +402,7 @@ def write_report(results, check=False):
     everything = load_runs(results)
     runs = [r for r in everything if r.get("role") != "synthetic"]
     synthetic = [r for r in everything if r.get("role") == "synthetic"]
-    body, summary = report(runs, load_train_speed(results), synthetic, load_bench(results, "decode_study"))
+    body, summary = report(runs, load_bench(results, "train_study"), synthetic, load_bench(results, "decode_study"))
     changed = []
     targets = [os.path.join(results, "README.md")]
     readme = os.path.join(REPO, "README.md")
