@@ -394,8 +394,29 @@ def test_speed_columns_come_from_the_benchmarks_by_model_spec():
     body, summary = report(runs, train, None, decode)
     rows = {line.split(" | ")[0][2:]: line.split(" | ") for line in body.splitlines() if line.startswith("| ")}
     assert "decoding tokens/s" in body and "decode_study" in body and "99,999" not in body and "999.0" not in body
-    assert rows["baseline"][8:10] == ["10,000", "1,000.0"]
-    assert rows["can"][8:10] == ["12,000 (1.20×)", "800.0 (0.79×)"]
-    assert rows["can_uncapped"][8:10] == rows["can"][8:10]  # the same model, found by its spec
-    assert rows["sas_encoder"][8:10] == ["-", "-"]  # not measured
+    assert rows["baseline"][9:11] == ["10,000", "1,000.0"]
+    assert rows["can"][9:11] == ["12,000 (1.20×)", "800.0 (0.79×)"]
+    assert rows["can_uncapped"][9:11] == rows["can"][9:11]  # the same model, found by its spec
+    assert rows["sas_encoder"][9:11] == ["-", "-"]  # not measured
     assert summary["configs"]["can_uncapped"]["decode_ratio"] == 0.79
+
+
+def test_valid_loss_at_equal_updates_pairs_each_seed_at_the_last_epoch_both_reached():
+    """The table's Δ valid at equal updates: per seed, the method's epoch checkpoint against the baseline's of
+    the same seed at the last validation both have (not the averaged checkpoints, not the runs' last epochs),
+    relative; mean ± sd over seeds with the paired t-test's mark; a seed the baseline lacks is left out."""
+    from fairseq_ext.tools.study_report import at_equal_updates, fmt_equal
+
+    curve = lambda losses: [[691 * (i + 1), x, x - 0.8] for i, x in enumerate(losses)]
+    base = [{"seed": 1, "valid_curve": curve([8.0, 7.0, 6.0, 5.0])},  # runs on past the method's seed 1
+            {"seed": 2, "valid_curve": curve([8.0, 6.5])}]  # stops before the method's seed 2
+    method = [{"seed": 1, "valid_curve": curve([8.0, 7.7, 6.3])},
+              {"seed": 2, "valid_curve": curve([8.2, 6.89, 6.0, 5.5])},
+              {"seed": 3, "valid_curve": curve([9.0])}]
+    m, sd, n, significant, epochs = at_equal_updates(method, base)
+    assert n == 2 and epochs == [3, 2]
+    assert abs(m - statistics.mean([6.3 / 6.0 - 1, 6.89 / 6.5 - 1])) < 1e-12
+    assert abs(sd - statistics.stdev([0.05, 0.06])) < 1e-9
+    assert not significant  # 5% and 6%: t = 11.0 with one degree of freedom, under the 12.706 of p = 0.05
+    assert fmt_equal((0.05, None, 1, False, [10])) == "+5.0% (epoch 10)"
+    assert fmt_equal(None) == "-" and at_equal_updates(method[2:], base) is None

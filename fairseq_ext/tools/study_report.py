@@ -85,6 +85,11 @@ def paired(method, base, name):
     d = [metric(r, name) - b[r["seed"]] for r in method if r["seed"] in b]
     if name == "valid_loss":  # relative difference of a loss
         d = [x / b[r["seed"]] for x, r in zip(d, [r for r in method if r["seed"] in b])]
+    return paired_stats(d)
+
+
+def paired_stats(d):
+    """(mean, sd, n, p<0.05 by a two-sided paired t-test) of paired differences d; None without any."""
     if not d:
         return None
     m = statistics.mean(d)
@@ -93,6 +98,34 @@ def paired(method, base, name):
     sd = statistics.stdev(d)
     t = abs(m) / (sd / math.sqrt(len(d))) if sd > 0 else math.inf
     return m, sd, len(d), t > T95[len(d) - 1]
+
+
+def at_equal_updates(method, base):
+    """Paired relative differences method / baseline − 1 (same seed) of the validation loss at the last
+    validation both runs reached (each epoch's own checkpoint, not the average): where the stopping rule ended
+    each run does not enter. (mean, sd, n, p<0.05, [epoch of each pair]); None without a pair."""
+    curve = lambda r: {int(v[0]): v[1] for v in r["valid_curve"]}  # updates -> valid loss
+    b = {r["seed"]: curve(r) for r in base}
+    d, epochs = [], []
+    for r in method:
+        mine = curve(r)
+        common = set(mine) & set(b.get(r["seed"], {}))
+        if common:
+            u = max(common)
+            d.append(mine[u] / b[r["seed"]][u] - 1)
+            epochs.append(sorted(mine).index(u) + 1)
+    s = paired_stats(d)
+    return None if s is None else (*s, epochs)
+
+
+def fmt_equal(e):
+    """A table cell of at_equal_updates: the relative difference, its sd and mark, the epoch(s) it is at."""
+    if e is None:
+        return "-"
+    m, sd, _, significant, epochs = e
+    at = f"{min(epochs)}" if min(epochs) == max(epochs) else f"{min(epochs)}-{max(epochs)}"
+    return (f"{100 * m:+.1f}%" + (f" ± {100 * sd:.1f}%" if sd is not None else "") + (" *" if significant else "")
+            + f" (epoch {at})")
 
 
 def verdict(diff, name):
@@ -257,10 +290,12 @@ def report(runs, train_speed=None, synthetic=None, decode_speed=None):
     lines += [f"### Every configuration at the baseline's learning rate ({lr})", "",
               "Mean ± standard deviation over seeds; Δ: paired difference to the baseline (same seed), "
               "* where a paired t-test over the seeds gives p < 0.05. Valid loss: the averaged checkpoints, "
-              "bits per token (label-smoothed). " + speed_note + decode_note,
-              "", "| configuration | parameters | seeds | epochs | valid loss | BLEU | Δ BLEU | chrF | training tokens/s "
-              f"| {decode_head} | converged |",
-              "|---|---|---|---|---|---|---|---|---|---|---|"]
+              "bits per token (label-smoothed). Δ valid at equal updates: each epoch's own checkpoint against the "
+              "baseline's of the same seed at the last epoch both runs reached (relative, paired; the epoch in "
+              "brackets), so that where the stopping rule ended each run does not enter. " + speed_note + decode_note,
+              "", "| configuration | parameters | seeds | epochs | valid loss | Δ valid at equal updates | BLEU | Δ BLEU "
+              f"| chrF | training tokens/s | {decode_head} | converged |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
 
     def train_tps(config, rs):
         if bench:
@@ -296,14 +331,15 @@ def report(runs, train_speed=None, synthetic=None, decode_speed=None):
         d = paired(rs, base, "bleu") if config != "baseline" else None
         dtxt = "-" if d is None else (f"{d[0]:+.2f}" + (f" ± {d[1]:.2f}" if d[1] is not None else "") + (" *" if d[3] else ""))
         conv = sum(r["converged"] for r in rs)
+        eq = at_equal_updates(rs, base) if config != "baseline" else None
         lines.append(
             f"| {config} | {rs[0]['parameters'] / 1e6:.2f}M | {len(rs)} | {statistics.mean(r['epochs'] for r in rs):.1f} "
-            f"| {fmt(*vl, 3)} | {fmt(*bl)} | {dtxt} | {fmt(*cf)} | "
+            f"| {fmt(*vl, 3)} | {fmt_equal(eq)} | {fmt(*bl)} | {dtxt} | {fmt(*cf)} | "
             + ("-" if tps is None else f"{tps:,.0f}" + (f" ({tps / base_tps:.2f}×)" if base_tps and config != "baseline" else ""))
             + (" | -" if dps is None else f" | {dps:,.1f}" + (f" ({dratio:.2f}×)" if dratio else ""))
             + f" | {conv}/{len(rs)} |")
         summary["configs"][config] = {"seeds": [r["seed"] for r in rs], "valid_loss": vl, "bleu": bl, "chrf": cf,
-                                      "delta_bleu": d, "train_tokens_per_s": tps,
+                                      "delta_bleu": d, "delta_valid_equal_updates": eq, "train_tokens_per_s": tps,
                                       ("decode_tokens_per_s" if dbench else "decode_sentences_per_s"): dps,
                                       "decode_ratio": dratio}
     lines += ["", "### The papers' claims at this scale", "",
