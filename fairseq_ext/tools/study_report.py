@@ -118,14 +118,18 @@ def at_equal_updates(method, base):
     return None if s is None else (*s, epochs)
 
 
+def fmt_percent(m, sd):
+    """A relative difference (and its sd over seeds, None for one seed) in percent."""
+    return f"{100 * m:+.1f}%" + (f" ± {100 * sd:.1f}%" if sd is not None else "")
+
+
 def fmt_equal(e):
     """A table cell of at_equal_updates: the relative difference, its sd and mark, the epoch(s) it is at."""
     if e is None:
         return "-"
     m, sd, _, significant, epochs = e
     at = f"{min(epochs)}" if min(epochs) == max(epochs) else f"{min(epochs)}-{max(epochs)}"
-    return (f"{100 * m:+.1f}%" + (f" ± {100 * sd:.1f}%" if sd is not None else "") + (" *" if significant else "")
-            + f" (epoch {at})")
+    return fmt_percent(m, sd) + (" *" if significant else "") + f" (epoch {at})"
 
 
 def verdict(diff, name):
@@ -349,7 +353,7 @@ def report(runs, train_speed=None, synthetic=None, decode_speed=None):
         if d is None:
             diff = "-"
         elif name == "valid_loss":
-            diff = f"{100 * d[0]:+.1f}%" + (f" ± {100 * d[1]:.1f}%" if d[1] is not None else "") + f" ({d[2]} seed{'s' * (d[2] != 1)})"
+            diff = fmt_percent(d[0], d[1]) + f" ({d[2]} seed{'s' * (d[2] != 1)})"
         else:
             diff = f"{d[0]:+.2f}" + (f" ± {d[1]:.2f}" if d[1] is not None else "") + f" BLEU ({d[2]} seed{'s' * (d[2] != 1)})"
         v = verdict(d, name)
