@@ -77,6 +77,28 @@ def test_errors_separate_a_lost_place_from_wrong_digits(tmp_path):
         assert __import__("json").load(f) == r
 
 
+def test_places_find_where_and_which_way_an_answer_loses_its_place(tmp_path):
+    ref = "1 2 3 4 5 6 7 8 9 0 1 1 2 2 3 3"  # 16 tokens, no 3-token stretch repeats
+    skip = "1 2 3 4 8 9 0 1 1 2 2 3 3"  # from position 4 on it continues at position 7: 3 ahead
+    back = "1 2 3 4 5 6 7 8 2 3 4 5 6 7 8 9 0 1 1 2 2 3 3"  # at 8 it goes back to position 1: 7 behind
+    digit = "1 2 3 4 5 6 7 8 9 0 1 1 2 2 3 7"  # last digit wrong: no window after it
+    out = tmp_path / "generate.out"
+    out.write_text("".join(f"T-{i}\t{r}\nH-{i}\t-0.1\t{h}\n" for i, (r, h) in
+                           enumerate([(ref, ref), (ref, skip), (ref, back), (ref, digit), ("5 5", "5 5")])))
+    r = synthetic.main(["places", str(out), "--trained", "6", "--window", "3", "--bins", "2",
+                        "--json", str(tmp_path / "p.json")])
+    assert r["wrong"] == 3 and r["first_error_within_trained"] == 1  # first errors at 4, 8, 15
+    assert r["jumps"] == {"answers": 2, "earlier": 1, "later": 1, "median_distance_earlier": 7,
+                          "median_distance_later": 3}
+    # reference lengths 2..16 in two bands of 8 (the last capped at the longest): the 2-token answer alone in the first
+    assert r["exact_by_length"] == [{"lengths": "2-9", "exact": 1, "examples": 1},
+                                    {"lengths": "10-16", "exact": 1, "examples": 4}]
+    with open(tmp_path / "p.json") as f:
+        assert __import__("json").load(f) == r
+    with pytest.raises(SystemExit, match="--window"):
+        synthetic.main(["places", str(out), "--window", "0"])
+
+
 def test_clear_errors(tmp_path):
     with pytest.raises(SystemExit, match="digit range '30-20'"):
         synthetic.main(["make", "--task", "copy", "--out", str(tmp_path), "--test-digits", "30-20"])

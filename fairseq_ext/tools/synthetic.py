@@ -5,6 +5,7 @@ number, and long addition; train on inputs of at most 128 digits, test on 256-30
         [--valid 1000] [--test 1000] [--max-train-digits 128] [--test-digits 256-300] [--seed 1]
     python -m fairseq_ext.tools.synthetic score GENERATE_OUT [--json FILE]
     python -m fairseq_ext.tools.synthetic errors GENERATE_OUT [--json FILE]
+    python -m fairseq_ext.tools.synthetic places GENERATE_OUT [--trained 128] [--window 12] [--bins 3] [--json FILE]
     python -m fairseq_ext.tools.synthetic flags terraformer|transformer|terraformer_nopos
 
 `flags` prints the model flags of the two models compared (one per line), the ones
@@ -21,7 +22,11 @@ token accuracy cannot: one token left out or repeated makes every later position
 its own. It reports the edit-distance token accuracy (1 − Levenshtein distance / reference tokens, each
 answer's distance capped at its reference's length), the median correct prefix of the wrong answers (the
 position of their first error) and how many answers are exact, of the right length with wrong digits, too
-long, or too short.
+long, or too short. `places` tells where and how the wrong answers lose their place: how many go wrong
+before position --trained (inside the trained lengths), how many continue after their first error with a
+stretch of --window reference tokens taken from another position of the reference (a jump), whether the
+nearest such position is earlier (the answer repeats) or later (it skips ahead) and the median distance of
+each, and the exact answers in --bins equal bands of reference length.
 """
 import argparse
 import json
@@ -149,9 +154,56 @@ def errors(pairs):
             kinds["exact"] += 1
             continue
         kinds["wrong_digits" if len(hyp) == len(ref) else "too_long" if len(hyp) > len(ref) else "too_short"] += 1
-        prefixes.append(next((k for k, (r, h) in enumerate(zip(ref, hyp)) if r != h), min(len(ref), len(hyp))))
+        prefixes.append(first_error(ref, hyp))
     return {"examples": len(pairs), "edit_token_accuracy": 100.0 * (1 - distance / reference) if reference else 100.0,
             **kinds, "median_correct_prefix": statistics.median(prefixes) if prefixes else None}
+
+
+def first_error(ref, hyp):
+    """Position of the first token where hyp differs from ref (the shorter length when one is a prefix)."""
+    return next((k for k, (r, h) in enumerate(zip(ref, hyp)) if r != h), min(len(ref), len(hyp)))
+
+
+def places(pairs, trained=128, window=12, bins=3):
+    """Where and how the wrong answers lose their place: {wrong, first_error_within_trained (first error
+    before position `trained`), jumps: {answers, earlier, later, median_distance_earlier,
+    median_distance_later} (the `window` tokens after the first error are the reference's tokens at another
+    position; the nearest one, ties to the earlier, tells the direction and distance), exact_by_length:
+    [{lengths, exact, examples}] over `bins` equal bands of reference length}."""
+    if not pairs:
+        raise ValueError("no examples to analyse")
+    if trained < 1 or window < 1 or bins < 1:
+        raise ValueError(f"--trained, --window and --bins must be positive (got {trained}, {window}, {bins})")
+    wrong = within = 0
+    distances = {"earlier": [], "later": []}
+    for ref, hyp in pairs.values():
+        if ref == hyp:
+            continue
+        wrong += 1
+        k = first_error(ref, hyp)
+        within += k < trained
+        after = hyp[k:k + window]
+        if len(after) < window:
+            continue
+        found = [i for i in range(len(ref) - window + 1) if i != k and ref[i:i + window] == after]
+        if found:
+            i = min(found, key=lambda i: (abs(i - k), i))
+            distances["earlier" if i < k else "later"].append(abs(i - k))
+    lengths = [len(ref) for ref, _ in pairs.values()]
+    low, high = min(lengths), max(lengths)
+    width = -(-(high - low + 1) // bins)
+    bands = []
+    for b in range(bins):
+        a, z = low + b * width, min(high, low + (b + 1) * width - 1)
+        if a > high:
+            break
+        band = [ref == hyp for ref, hyp in pairs.values() if a <= len(ref) <= z]
+        bands.append({"lengths": f"{a}-{z}", "exact": sum(band), "examples": len(band)})
+    return {"wrong": wrong, "first_error_within_trained": within,
+            "jumps": {"answers": len(distances["earlier"]) + len(distances["later"]),
+                      **{d: len(v) for d, v in distances.items()},
+                      **{f"median_distance_{d}": statistics.median(v) if v else None for d, v in distances.items()}},
+            "exact_by_length": bands}
 
 
 def main(argv=None):
@@ -172,6 +224,12 @@ def main(argv=None):
     e = sub.add_parser("errors", help="how the wrong answers of a fairseq-generate output are wrong")
     e.add_argument("generate_out")
     e.add_argument("--json")
+    w = sub.add_parser("places", help="where and how the wrong answers of a fairseq-generate output lose their place")
+    w.add_argument("generate_out")
+    w.add_argument("--trained", type=int, default=128, help="longest trained length (answers going wrong before it)")
+    w.add_argument("--window", type=int, default=12, help="tokens after the first error that make a jump")
+    w.add_argument("--bins", type=int, default=3, help="bands of reference length for the exact answers")
+    w.add_argument("--json")
     f = sub.add_parser("flags", help="the fairseq-train model flags of a compared model, one per line")
     f.add_argument("model", choices=sorted(MODELS))
     a = p.parse_args(argv)
@@ -183,7 +241,9 @@ def main(argv=None):
             counts = make(a.task, a.out, a.train, a.valid, a.test, a.max_train_digits, a.test_digits, a.seed)
             print(json.dumps(counts))
             return counts
-        result = (errors if a.cmd == "errors" else score)(read_generate(a.generate_out))
+        pairs = read_generate(a.generate_out)
+        result = (places(pairs, a.trained, a.window, a.bins) if a.cmd == "places"
+                  else (errors if a.cmd == "errors" else score)(pairs))
     except ValueError as e:
         sys.exit(f"synthetic: {e}")
     print(json.dumps(result))
