@@ -45,6 +45,7 @@ DIMS = ["--encoder-layers", "2", "--decoder-layers", "2", "--encoder-embed-dim",
 # terraformer_nopos: the Terraformer without positional embeddings, order from its recurrence and causal
 # attention alone (the study's diagnosis of its copy result: sinusoidal positions past the trained 128 are
 # unseen in training)
+MAX_TRAIN_DIGITS = 128  # the paper's longest trained length: make's default and places' "inside the trained lengths"
 MODELS = {"terraformer": ["--arch", "terraformer_base"],
           "transformer": ["--arch", "transformer", "--encoder-normalize-before", "--decoder-normalize-before"],
           "terraformer_nopos": ["--arch", "terraformer_base", "--no-token-positional-embeddings"]}
@@ -164,7 +165,7 @@ def first_error(ref, hyp):
     return next((k for k, (r, h) in enumerate(zip(ref, hyp)) if r != h), min(len(ref), len(hyp)))
 
 
-def places(pairs, trained=128, window=12, bins=3):
+def places(pairs, trained=MAX_TRAIN_DIGITS, window=12, bins=3):
     """Where and how the wrong answers lose their place: {wrong, first_error_within_trained (first error
     before position `trained`), jumps: {answers, earlier, later, median_distance_earlier,
     median_distance_later} (the `window` tokens after the first error are the reference's tokens at another
@@ -215,7 +216,7 @@ def main(argv=None):
     m.add_argument("--train", type=int, default=100000)
     m.add_argument("--valid", type=int, default=1000)
     m.add_argument("--test", type=int, default=1000)
-    m.add_argument("--max-train-digits", type=int, default=128)
+    m.add_argument("--max-train-digits", type=int, default=MAX_TRAIN_DIGITS)
     m.add_argument("--test-digits", default="256-300")
     m.add_argument("--seed", type=int, default=1)
     s = sub.add_parser("score", help="sequence and token accuracy of a fairseq-generate output")
@@ -226,7 +227,7 @@ def main(argv=None):
     e.add_argument("--json")
     w = sub.add_parser("places", help="where and how the wrong answers of a fairseq-generate output lose their place")
     w.add_argument("generate_out")
-    w.add_argument("--trained", type=int, default=128, help="longest trained length (answers going wrong before it)")
+    w.add_argument("--trained", type=int, default=MAX_TRAIN_DIGITS, help="longest trained length (answers going wrong before it)")
     w.add_argument("--window", type=int, default=12, help="tokens after the first error that make a jump")
     w.add_argument("--bins", type=int, default=3, help="bands of reference length for the exact answers")
     w.add_argument("--json")
@@ -241,9 +242,9 @@ def main(argv=None):
             counts = make(a.task, a.out, a.train, a.valid, a.test, a.max_train_digits, a.test_digits, a.seed)
             print(json.dumps(counts))
             return counts
-        pairs = read_generate(a.generate_out)
-        result = (places(pairs, a.trained, a.window, a.bins) if a.cmd == "places"
-                  else (errors if a.cmd == "errors" else score)(pairs))
+        analyse = {"score": score, "errors": errors,
+                   "places": lambda pairs: places(pairs, a.trained, a.window, a.bins)}[a.cmd]
+        result = analyse(read_generate(a.generate_out))
     except ValueError as e:
         sys.exit(f"synthetic: {e}")
     print(json.dumps(result))
