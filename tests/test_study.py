@@ -361,6 +361,23 @@ def test_synthetic_tasks_run_resume_and_tabulate(tmp_path):
     assert (f"{r['test']['sequence_accuracy']:.1f} / {r['test']['token_accuracy']:.1f} | "
             f"{e['edit_token_accuracy']:.1f} | 0.0 / 79.8 |") in table
 
+    # examples of another data format (an older synthetic.py, other flags): the data is made again, and a run
+    # trained on the old examples is not resumed on the new ones
+    data = out / "synthetic" / "copy"
+    assert json.loads((data / "bin" / "done").read_text()) == json.loads((save / "data_signature").read_text())
+    assert r["data_format"] == synthetic.DATA_FORMAT
+    (data / "bin" / "done").write_text('{"format": 1}')
+    (save / "data_signature").write_text('{"format": 1}')
+    (data / "raw" / "train.src").write_text("stale\n")
+    for folder in (out / "results", results / "runs"):  # planned again: resuming from its checkpoint_last.pt
+        os.remove(folder / f"{r['name']}.json")
+    p = subprocess.run(cmd, cwd=REPO, env=clean_env(OMP_NUM_THREADS="1"), capture_output=True, text=True,
+                       timeout=600)
+    assert p.returncode != 0 and "making it again" in p.stdout, p.stdout[-3000:] + p.stderr[-3000:]
+    assert "trained on other copy examples" in p.stderr and "move that folder aside" in p.stderr, p.stderr[-3000:]
+    assert json.loads((data / "bin" / "done").read_text())["format"] == synthetic.DATA_FORMAT
+    assert (data / "raw" / "train.src").read_text() != "stale\n"
+
 
 def test_speed_columns_come_from_the_benchmarks_by_model_spec():
     """The table's training and decoding speeds are the train_study / decode_study benchmarks' (every model in

@@ -16,18 +16,39 @@ def test_make_writes_correct_examples_in_the_length_ranges(task, tmp_path):
     counts = synthetic.main(["make", "--task", task, "--out", str(tmp_path), "--train", "300", "--valid", "20",
                              "--test", "30", "--max-train-digits", "12", "--test-digits", "25-30"])
     assert counts == {"train": 300, "valid": 20, "test": 30}
+    order = (lambda d: d) if task == "copy" else (lambda d: d[::-1])  # addition: least significant digit first
     for split, (low, high) in {"train": (1, 12), "valid": (1, 12), "test": (25, 30)}.items():
         src, tgt = _lines(tmp_path / f"{split}.src"), _lines(tmp_path / f"{split}.tgt")
         assert len(src) == len(tgt) == counts[split]
         for s, t in zip(src, tgt):
-            operands = "".join(s.split()).split("+")
+            operands = [order(o) for o in "".join(s.split()).split("+")]  # most significant digit first
             assert len(operands) == (1 if task == "copy" else 2)
-            assert all(low <= len(o) <= high and (len(o) == 1 or o[0] != "0") for o in operands)
+            assert all(len(o) >= 1 and (len(o) == 1 or o[0] != "0") for o in operands)
+            assert max(low, len(operands)) <= sum(len(o) for o in operands) <= high  # the input's digits
             expect = operands[0] if task == "copy" else str(sum(int(o) for o in operands))
-            assert "".join(t.split()) == expect and t == " ".join(expect)
-    lengths = [len("".join(s.split())) for s in _lines(tmp_path / "train.src")]
-    if task == "copy":
-        assert min(lengths) <= 2 and max(lengths) >= 11  # the whole range is used
+            assert "".join(t.split()) == order(expect) and t == " ".join(order(expect))
+    train = [[len(o) for o in "".join(s.split()).split("+")] for s in _lines(tmp_path / "train.src")]
+    totals = [sum(x) for x in train]
+    assert min(totals) <= 3 and max(totals) >= 11  # the whole range is used
+    if task == "addition":  # either operand may be the long one
+        assert max(a for a, _ in train) >= 9 and max(b for _, b in train) >= 9
+
+
+def test_addition_is_written_least_significant_digit_first(tmp_path):
+    synthetic.main(["make", "--task", "addition", "--out", str(tmp_path), "--train", "200", "--valid", "1",
+                    "--test", "1", "--max-train-digits", "6", "--test-digits", "8"])
+    carried = 0
+    for s, t in zip(_lines(tmp_path / "train.src"), _lines(tmp_path / "train.tgt")):
+        a, b = (o.split() for o in s.split(" + "))
+        digits = [int(d) for d in t.split()]
+        carry = 0
+        for i, d in enumerate(digits):  # the schoolbook sum from the units up, one output token per column
+            column = (int(a[i]) if i < len(a) else 0) + (int(b[i]) if i < len(b) else 0) + carry
+            assert d == column % 10
+            carry = column // 10
+            carried += carry
+        assert carry == 0 and len(digits) in (max(len(a), len(b)), max(len(a), len(b)) + 1)
+    assert carried > 0
 
 
 def test_make_is_seeded(tmp_path):

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Terraformer §4.3 / Table 4: copy a decimal number, or long addition; train on operands of at most 128
-# digits, test on 256-300 digits (out of distribution), greedy decoding, exact-sequence and per-token
-# accuracy (fairseq_ext/tools/synthetic.py).
+# Terraformer §4.3 / Table 4: copy a decimal number, or long addition; train on inputs of at most 128
+# digits (addition: both operands together, every number least significant digit first), test on inputs of
+# 256-300 digits (out of distribution), greedy decoding, exact-sequence and per-token accuracy
+# (fairseq_ext/tools/synthetic.py).
 #   examples/terraformer/synthetic.sh TASK MODEL DATA_DIR SAVE_DIR [extra fairseq-train flags...]
 # TASK: copy | addition. DATA_DIR is made once per task (train/valid/test + binarized bin/) and shared.
 # MODEL, both at the same dims (2+2 layers, d=256, 4 heads, FFN 1,024, pre-norm, sinusoidal positions; the

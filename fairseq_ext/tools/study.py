@@ -43,8 +43,8 @@ RESULTS = os.path.join(REPO, "docs", "results")
 @dataclass
 class Synthetic:
     """Terraformer's generalisation tasks (Jaszczur et al. 2021, §4.3, Table 4): copy and long addition, trained
-    on operands of 1..max_train_digits digits until in-distribution accuracy stops improving, tested on
-    test_digits (over 2x longer: out of distribution); fairseq_ext/tools/synthetic.py."""
+    on inputs of 1..max_train_digits digits (addition: both operands together) until in-distribution accuracy
+    stops improving, tested on test_digits (over 2x longer: out of distribution); fairseq_ext/tools/synthetic.py."""
     train: int  # examples
     valid: int
     test: int
@@ -466,23 +466,38 @@ class Study:
         return self.evaluate(name, config, lr, seed, save, valid, stop)
 
     # -- Terraformer's generalisation tasks
+    def synthetic_signature(self, task):
+        """What decides the examples of `task`: synthetic.py's data format and make's flags."""
+        from .synthetic import DATA_FORMAT
+
+        s = self.p.synthetic
+        return json.dumps({"format": DATA_FORMAT, "make": ["--task", task, "--train", str(s.train), "--valid",
+                                                           str(s.valid), "--test", str(s.test), "--max-train-digits",
+                                                           str(s.max_train_digits), "--test-digits", s.test_digits]})
+
     def synthetic_data(self, task):
-        """OUT/synthetic/TASK: the task's examples and their binarized form, made once (under a lock)."""
-        s, folder = self.p.synthetic, os.path.join(self.out, "synthetic", task)
+        """OUT/synthetic/TASK: the task's examples and their binarized form, made once (under a lock); made
+        again when their signature (bin/done) is not the current one."""
+        folder, signature = os.path.join(self.out, "synthetic", task), self.synthetic_signature(task)
         os.makedirs(folder, exist_ok=True)
+        done = os.path.join(folder, "bin", "done")
         with open(os.path.join(folder, "make.lock"), "a") as guard:
             fcntl.flock(guard, fcntl.LOCK_EX)
-            if not os.path.exists(os.path.join(folder, "bin", "done")):
-                sh([sys.executable, "-m", "fairseq_ext.tools.synthetic", "make", "--task", task, "--out",
-                    os.path.join(folder, "raw"), "--train", str(s.train), "--valid", str(s.valid), "--test",
-                    str(s.test), "--max-train-digits", str(s.max_train_digits), "--test-digits", s.test_digits])
+            current = open(done).read() if os.path.exists(done) else None
+            if current != signature:
+                if current is not None:
+                    log(f"{folder}: made by another data format or other flags; making it again")
+                shutil.rmtree(os.path.join(folder, "raw"), ignore_errors=True)
+                sh([sys.executable, "-m", "fairseq_ext.tools.synthetic", "make",
+                    *json.loads(signature)["make"], "--out", os.path.join(folder, "raw")])
                 shutil.rmtree(os.path.join(folder, "bin"), ignore_errors=True)
                 raw = os.path.join(folder, "raw")
                 sh(["fairseq-preprocess", "--source-lang", "src", "--target-lang", "tgt", "--trainpref",
                     os.path.join(raw, "train"), "--validpref", os.path.join(raw, "valid"), "--testpref",
                     os.path.join(raw, "test"), "--joined-dictionary", "--destdir", os.path.join(folder, "bin"),
                     "--workers", "1"])
-                open(os.path.join(folder, "bin", "done"), "w").close()
+                with open(done, "w") as f:
+                    f.write(signature)
         return os.path.join(folder, "bin")
 
     @staticmethod
@@ -538,6 +553,15 @@ class Study:
         save = os.path.join(self.out, "runs", name)
         os.makedirs(save, exist_ok=True)
         data_bin = self.synthetic_data(task)
+        signature, mark = self.synthetic_signature(task), os.path.join(save, "data_signature")
+        if os.path.exists(os.path.join(save, "checkpoint_last.pt")):  # resuming: only on the same examples
+            if not os.path.exists(mark) or open(mark).read() != signature:
+                raise SystemExit(f"study: {save} was trained on other {task} examples than the current ones "
+                                 f"(fairseq_ext/tools/synthetic.py DATA_FORMAT {json.loads(signature)['format']} or "
+                                 f"other flags); move that folder aside to train {name} afresh")
+        else:
+            with open(mark, "w") as f:
+                f.write(signature)
         train_log, clock = os.path.join(save, "train.log"), os.path.join(save, "train_seconds")
         evals_path = os.path.join(save, "evals.json")
         evals = []
@@ -585,6 +609,7 @@ class Study:
             "model": config.split("_", 1)[1], "lr": lr, "warmup": s.warmup, "seed": seed,
             "flags": " ".join(c.flags), "protocol": self.p.name, "parameters": log_["params"],
             "train_digits": f"1-{s.max_train_digits}", "test_digits": s.test_digits,
+            "data_format": json.loads(signature)["format"],
             "updates": evals[-1]["updates"], "chosen_updates": best["updates"], "stopped_by": stop,
             "converged": stop in ("perfect", "plateau"), "evals": evals,
             "valid": {"examples": best["examples"], "sequence_accuracy": best["sequence_accuracy"],

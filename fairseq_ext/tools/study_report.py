@@ -187,9 +187,10 @@ def synthetic_section(runs, summary):
     """Terraformer's generalisation tasks: each run's accuracies beside the paper's, and per task the verdict
     on its claim (the Terraformer generalises to longer numbers, the Transformer does not)."""
     lines = ["### Terraformer's generalisation (copy and addition, Table 4)", "",
-             "Trained on operands of " + runs[0]["train_digits"] + " digits until the valid set's (in "
+             "Trained on inputs of " + runs[0]["train_digits"] + " digits (addition: both operands together, "
+             "least significant digit first) until the valid set's (in "
              "distribution) accuracy stopped improving; the checkpoint of the best valid accuracy decodes the "
-             f"test set, operands of {runs[0]['test_digits']} digits (out of distribution); greedy decoding; "
+             f"test set, inputs of {runs[0]['test_digits']} digits (out of distribution); greedy decoding; "
              "sequence / token accuracy in %, the token accuracy position by position (a missing or extra position counts as wrong); edit distance: "
              "the test's token accuracy as 1 − edit distance / reference tokens, where one digit left out or repeated "
              "costs one token, not every later position (`python -m fairseq_ext.tools.synthetic errors`); 1 seed (the "

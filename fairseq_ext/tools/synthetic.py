@@ -12,9 +12,14 @@ number, and long addition; train on inputs of at most 128 digits, test on 256-30
 examples/terraformer/synthetic.sh and the reproduction study (fairseq_ext/tools/study.py) train.
 
 `make` writes DIR/{train,valid,test}.{src,tgt}: one example per line, one token per digit separated by
-spaces ("1 2 + 3 4" -> "4 6"), ready for `fairseq-preprocess --joined-dictionary` (a 12-token
-vocabulary). Train and valid take operand lengths uniform in 1..max-train-digits, test in the test
-range (over 2x longer: the out-of-distribution part). For addition each operand has its own length.
+spaces, ready for `fairseq-preprocess --joined-dictionary` (a 12-token vocabulary). The length of an
+example is the digits of its input: train and valid take it uniform in 1..max-train-digits, test in the
+test range (over 2x longer: the out-of-distribution part), as in the paper's "inputs with at most 128
+digits ... input lengths from 256 to 300". Copy: a number of that many digits, answered by itself.
+Addition: two numbers with that many digits together (the first operand's length uniform in 1..length-1,
+at least 2 digits in all), every number written least significant digit first, as in the official code
+(trax's addition_input_stream: lower-endian operands and sum, the length counted over "x+y"):
+21 + 43 = 64 is "1 2 + 3 4" -> "4 6".
 `score` reads fairseq-generate's output (T- and H- lines) and reports exact-sequence accuracy and
 per-token accuracy (position-wise over the reference; a missing or extra position counts as wrong), the
 two figures of the paper's Table 4. `errors` tells how the wrong answers are wrong, which position-wise
@@ -46,6 +51,9 @@ DIMS = ["--encoder-layers", "2", "--decoder-layers", "2", "--encoder-embed-dim",
 # attention alone (the study's diagnosis of its copy result: sinusoidal positions past the trained 128 are
 # unseen in training)
 MAX_TRAIN_DIGITS = 128  # the paper's longest trained length: make's default and places' "inside the trained lengths"
+# the version of make's examples: a change of what make writes for the same flags changes it, so that the
+# study rebuilds its data and does not resume a run trained on other data (fairseq_ext/tools/study.py)
+DATA_FORMAT = 2  # 2: addition least significant digit first, the length over both operands
 MODELS = {"terraformer": ["--arch", "terraformer_base"],
           "transformer": ["--arch", "transformer", "--encoder-normalize-before", "--decoder-normalize-before"],
           "terraformer_nopos": ["--arch", "terraformer_base", "--no-token-positional-embeddings"]}
@@ -66,13 +74,17 @@ def number(rng: random.Random, digits: int) -> str:
 
 
 def example(task: str, rng: random.Random, low: int, high: int):
-    """(source, target) strings of one example, operand lengths uniform in [low, high]."""
+    """(source, target) strings of one example whose input has a number of digits uniform in [low, high]
+    (addition: the two operands together, at least 2); addition writes every number least significant
+    digit first."""
     if task == "copy":
         s = number(rng, rng.randint(low, high))
         return " ".join(s), " ".join(s)
     if task == "addition":
-        a, b = number(rng, rng.randint(low, high)), number(rng, rng.randint(low, high))
-        return " ".join(a) + " + " + " ".join(b), " ".join(str(int(a) + int(b)))
+        digits = rng.randint(max(low, 2), max(high, 2))
+        first = rng.randint(1, digits - 1)
+        a, b = number(rng, first), number(rng, digits - first)
+        return " ".join(a[::-1]) + " + " + " ".join(b[::-1]), " ".join(str(int(a) + int(b))[::-1])
     raise ValueError(f"--task {task!r}: choose copy or addition")
 
 
