@@ -208,7 +208,7 @@ def test_plan_orders_seeds_then_ablations_then_generalisation_tasks(tmp_path):
     assert all(lasts[i] < firsts[i + 1] for i in range(len(stages) - 1)), why
     assert {r[0] for r in plan if r[3] == "generalisation task"} == {c.name for c in synthetic_configs(p)} == {
         "copy_terraformer", "copy_transformer", "addition_terraformer", "addition_transformer",
-        "copy_terraformer_nopos"}
+        "copy_terraformer_nopos", "copy_terraformer_offset"}
     assert [r for r in plan if r[0].startswith("can_uncapped")] == [("can_uncapped", "2e-3", 2, "diagnosis"),
                                                                      ("can_uncapped_s3", "2e-3", 3, "diagnosis")]
     assert [r for r in plan if r[0].endswith("_window")] == [("one_wide_ffn_window", "2e-3", 1, "diagnosis"),

@@ -161,3 +161,60 @@ def test_sru_is_causal_and_has_the_sqrt3_highway():
     with torch.no_grad():  # r -> 0: h = x·√3 (trax's highway scaling)
         sru.proj.bias[8:] = -1e4
         torch.testing.assert_close(sru(x), x * 3 ** 0.5)
+
+
+def test_position_offsets_shift_training_positions_only(tiny_data):
+    """--position-offset-max (trax's random position offsets): in training a batch's sinusoidal positions start
+    at one offset in [0, M) for every sentence, padding untouched, with the given share of batches; evaluation
+    and incremental decoding count from 0; a model without the flag is unchanged."""
+    from fairseq.modules import SinusoidalPositionalEmbedding
+
+    _, task, model, _ = build(tiny_data, "terraformer_tiny", extra=["--position-offset-max", "40",
+                                                                    "--position-offset-prob", "1"])
+    _, _, plain, _ = build(tiny_data, "terraformer_tiny")
+    embed, pad = model.encoder.embed, task.source_dictionary.pad()
+    assert (embed.offset_max, embed.offset_prob) == (40, 1.0) and plain.encoder.embed.offset_max == 0
+    src = fixed_batch(task, n=5)["net_input"]["src_tokens"]
+    assert src.eq(pad).any()
+    ref = embed.embed_positions
+    table = SinusoidalPositionalEmbedding.get_embedding(pad + 1 + src.size(1) + 40, ref.embedding_dim, pad)
+    positions = utils.make_positions(src, pad)
+
+    def shifted(start):  # the positions' sinusoids counted from `start`, zeros at padding
+        return table[positions + start * src.ne(pad).long()]
+
+    embed.eval()
+    torch.testing.assert_close(embed.embed_positions(src), shifted(0))
+    embed.train()
+    seen = set()
+    for seed in range(30):
+        torch.manual_seed(seed)
+        got = embed.offset_positions(src, int(torch.randint(0, 40, ())))
+        match = [k for k in range(40) if torch.allclose(got, shifted(k), atol=1e-6)]
+        assert len(match) == 1, match
+        seen.add(match[0])
+        assert got[src.eq(pad)].abs().max() == 0
+    assert len(seen) > 10 and max(seen) < 40
+    x = embed.embed_tokens(src) * embed.embed_scale
+    for prob in (1.0, 0.3, 0.0):  # the share of shifted batches (an offset of 0 leaves one unshifted)
+        embed.offset_prob = prob
+        shifts = 0
+        for seed in range(100):
+            torch.manual_seed(seed)
+            out = embed(src).transpose(0, 1)  # dropout 0 in the matrix's args
+            shifts += not torch.allclose(out, x + shifted(0), atol=1e-5)
+        assert abs(shifts - 100 * prob * 39 / 40) <= 15, (prob, shifts)
+        assert (shifts == 0) == (prob == 0.0)
+    embed.offset_prob = 1.0
+    embed.eval()
+    torch.testing.assert_close(embed(src).transpose(0, 1), x + shifted(0))
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--position-offset-prob", "0.5"], "--position-offset-prob 0.5 does nothing without --position-offset-max"),
+    (["--position-offset-max", "30", "--no-token-positional-embeddings"], "drop --no-token-positional-embeddings"),
+    (["--position-offset-max", "30", "--encoder-learned-pos"], "drop --encoder-learned-pos"),
+    (["--position-offset-max", "30", "--position-offset-prob", "1.5"], "--position-offset-prob 1.5")])
+def test_position_offset_flags_are_checked(flags, message, tiny_data):
+    with pytest.raises(ValueError, match=message):
+        build(tiny_data, "terraformer_tiny", extra=flags)

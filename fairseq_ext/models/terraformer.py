@@ -16,7 +16,9 @@ zeroed before sparse QKV convolutions and leave the recurrent state unchanged.
 Parts, each on/off by flags: reversibility (--no-reversible: store activations instead, same maths),
 low-rank SRU recurrence in every FFN sub-layer (--sru-dim, 0 = off; §4.3), sparse FFN / sparse QKV /
 sparse loss layer (the Scaling Transformer flags, §3), LSH attention for long inputs (--lsh-attention
-encoder|decoder|both, modules/lsh_attention.py; full attention for inputs of at most one chunk).
+encoder|decoder|both, modules/lsh_attention.py; full attention for inputs of at most one chunk), random
+position offsets in training (--position-offset-max / --position-offset-prob, trax's PositionalEncoding
+start_from_zero_prob / max_offset_to_add, for length generalisation; off by default).
 
 Incremental decoding: the first step runs the source part and the first target token through the decoder
 (its keys/values, convolution and recurrent states cached), later steps one token; beam reordering
@@ -47,7 +49,9 @@ from .scaling_sparse import SPARSE_RANGES, BIG_FF_QKV_FFN_DIM, add_sparse_args, 
 
 FLAG_RANGES = {**SPARSE_RANGES, "decoder_attention_layers": DIM, "sru_layers": DIM,
                "sru_dim": Range(low=1, integer=True, special={0: "no recurrence"}), "lsh_chunk": DIM,
-               "lsh_buckets": Range(low=2, integer=True), "lsh_hashes": DIM}
+               "lsh_buckets": Range(low=2, integer=True), "lsh_hashes": DIM,
+               "position_offset_max": Range(low=1, integer=True, special={0: "positions always from 0"}),
+               "position_offset_prob": Range(low=0.0, high=1.0)}
 LSH_DEFAULTS = {"lsh_chunk": 64, "lsh_buckets": 16, "lsh_hashes": 2}
 LSH_FLAGS = tuple(LSH_DEFAULTS)
 
@@ -108,12 +112,30 @@ class _Embedder(nn.Module):
         self.embed_positions = (None if args.no_token_positional_embeddings else
                                 PositionalEmbedding(max_positions, d, self.padding_idx, learned=learned_pos))
         self.dropout_module = FairseqDropout(args.dropout, module_name=self.__class__.__name__)
+        # trax's PositionalEncoding in training: with probability 1 - start_from_zero_prob a batch's positions
+        # start at an offset uniform in [0, max_offset_to_add) (its addition configuration, the Table 4 tasks)
+        self.offset_max = getattr(args, "position_offset_max", 0) or 0
+        self.offset_prob = getattr(args, "position_offset_prob", None) or 0.0
+
+    def offset_positions(self, tokens, start):
+        """Sinusoidal embeddings of `tokens`' positions counted from `start` (padding stays padding), (B, T, d)."""
+        ep = self.embed_positions
+        positions = utils.make_positions(tokens, self.padding_idx)
+        positions = positions + start * tokens.ne(self.padding_idx).long()
+        need = int(positions.max()) + 1
+        if need > ep.weights.size(0):
+            ep.weights = type(ep).get_embedding(need, ep.embedding_dim, self.padding_idx).to(ep.weights)
+        return ep.weights.index_select(0, positions.view(-1)).view(*tokens.shape, -1).detach()
 
     def forward(self, tokens, incremental_state=None):
         """All of `tokens`, or with an incremental state only the last one (its position from the length)."""
         pos = None
         if self.embed_positions is not None:
-            pos = self.embed_positions(tokens, incremental_state=incremental_state)
+            if self.training and self.offset_max and incremental_state is None and (
+                    float(torch.rand(())) < self.offset_prob):
+                pos = self.offset_positions(tokens, int(torch.randint(0, self.offset_max, ())))
+            else:
+                pos = self.embed_positions(tokens, incremental_state=incremental_state)
         if incremental_state is not None:
             tokens = tokens[:, -1:]
         x = self.embed_scale * self.embed_tokens(tokens)
@@ -270,6 +292,14 @@ class TerraformerModel(FairseqEncoderDecoderModel):
         g.add_argument("--lsh-chunk", type=int, metavar="C", help="LSH chunk length (default 64)")
         g.add_argument("--lsh-buckets", type=int, metavar="B", help="LSH buckets per hash round (even; default 16)")
         g.add_argument("--lsh-hashes", type=int, metavar="N", help="LSH hash rounds (default 2)")
+        g.add_argument("--position-offset-max", type=int, metavar="M",
+                       help="in training, start a batch's positions at an offset uniform in [0, M), so that "
+                            "positions past the trained lengths occur (trax's pos_max_offset_to_add; sinusoidal "
+                            "positions only; default 0: always from 0)")
+        g.add_argument("--position-offset-prob", type=float, metavar="P",
+                       help="with --position-offset-max, the share of batches (of encoder and of decoder inputs, "
+                            "drawn apart) whose positions are offset (trax's 1 - pos_start_from_zero_prob; "
+                            "default 0.05, trax's Terraformer addition setting)")
         g.add_argument("--no-reversible", action="store_true",
                        help="store activations for the backward pass instead of recomputing them through the "
                             "reversible layers (same model and gradients, more memory)")
@@ -310,6 +340,18 @@ def terraformer_defaults(args):
         if getattr(args, name, None) is None:
             setattr(args, name, default)
     args.no_reversible = getattr(args, "no_reversible", False)
+    offset_max, offset_prob = getattr(args, "position_offset_max", None) or 0, getattr(args, "position_offset_prob", None)
+    if offset_max:
+        given = [f"--{n.replace('_', '-')}" for n in ("no_token_positional_embeddings", "encoder_learned_pos",
+                                                      "decoder_learned_pos") if getattr(args, n, False)]
+        if given:
+            raise ValueError(f"--position-offset-max {offset_max} offsets sinusoidal positions: drop {given[0]}, or "
+                             f"drop --position-offset-max")
+        args.position_offset_prob = 0.05 if offset_prob is None else offset_prob
+    elif offset_prob is not None:
+        raise ValueError(f"--position-offset-prob {offset_prob} does nothing without --position-offset-max: add "
+                         f"--position-offset-max M (e.g. 300), or drop it")
+    args.position_offset_max = offset_max
     args.share_all_embeddings = getattr(args, "share_all_embeddings", True)  # one embedding matrix (joined dict)
     sparse_defaults(args)
     base_architecture(args)

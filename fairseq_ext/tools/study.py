@@ -220,8 +220,9 @@ def configs(p):
 
 
 def synthetic_configs(p):
-    """Terraformer's generalisation runs (role 'synthetic'): each task with each of the two models, and after
-    copy the diagnosis of its result (the Terraformer without positional embeddings: docs/terraformer/README.md)."""
+    """Terraformer's generalisation runs (role 'synthetic'): each task with each of the two models, after copy
+    the first diagnosis of its result (the Terraformer without positional embeddings), after addition the
+    second (the Terraformer with random position offsets in training: docs/terraformer/README.md)."""
     from .synthetic import model_flags
 
     if p.synthetic is None:
@@ -231,7 +232,10 @@ def synthetic_configs(p):
               for task in ("copy", "addition")}
     return table4["copy"] + [Config("copy_terraformer_nopos", "terraformer", "synthetic",
                                     "copy, terraformer without positional embeddings (diagnosis)",
-                                    model_flags("terraformer_nopos", p.synthetic.dims))] + table4["addition"]
+                                    model_flags("terraformer_nopos", p.synthetic.dims))] + table4["addition"] + [
+        Config("copy_terraformer_offset", "terraformer", "synthetic",
+               "copy, terraformer with random position offsets in training (diagnosis)",
+               model_flags("terraformer_offset", p.synthetic.dims))]
 
 
 def synthetic_convergence(evals, s):

@@ -6,7 +6,7 @@ number, and long addition; train on inputs of at most 128 digits, test on 256-30
     python -m fairseq_ext.tools.synthetic score GENERATE_OUT [--json FILE]
     python -m fairseq_ext.tools.synthetic errors GENERATE_OUT [--json FILE]
     python -m fairseq_ext.tools.synthetic places GENERATE_OUT [--trained 128] [--window 12] [--bins 3] [--json FILE]
-    python -m fairseq_ext.tools.synthetic flags terraformer|transformer|terraformer_nopos
+    python -m fairseq_ext.tools.synthetic flags terraformer|transformer|terraformer_nopos|terraformer_offset
 
 `flags` prints the model flags of the two models compared (one per line), the ones
 examples/terraformer/synthetic.sh and the reproduction study (fairseq_ext/tools/study.py) train.
@@ -49,18 +49,22 @@ DIMS = ["--encoder-layers", "2", "--decoder-layers", "2", "--encoder-embed-dim",
 # the paper's baseline
 # terraformer_nopos: the Terraformer without positional embeddings, order from its recurrence and causal
 # attention alone (the study's diagnosis of its copy result: sinusoidal positions past the trained 128 are
-# unseen in training)
+# unseen in training); terraformer_offset: the Terraformer whose training positions start at a random offset
+# below 300 in 5% of the batches, so that positions past the trained lengths occur in training (trax's
+# addition configuration for its Terraformer: pos_max_offset_to_add 300, pos_start_from_zero_prob 0.95)
 MAX_TRAIN_DIGITS = 128  # the paper's longest trained length: make's default and places' "inside the trained lengths"
 # the version of make's examples: a change of what make writes for the same flags changes it, so that the
 # study rebuilds its data and does not resume a run trained on other data (fairseq_ext/tools/study.py)
 DATA_FORMAT = 2  # 2: addition least significant digit first, the length over both operands
 MODELS = {"terraformer": ["--arch", "terraformer_base"],
           "transformer": ["--arch", "transformer", "--encoder-normalize-before", "--decoder-normalize-before"],
-          "terraformer_nopos": ["--arch", "terraformer_base", "--no-token-positional-embeddings"]}
+          "terraformer_nopos": ["--arch", "terraformer_base", "--no-token-positional-embeddings"],
+          "terraformer_offset": ["--arch", "terraformer_base", "--position-offset-max", "300",
+                                 "--position-offset-prob", "0.05"]}
 
 
 def model_flags(model, dims=None):
-    """fairseq-train flags of `model` (terraformer | transformer | terraformer_nopos) at `dims` (default DIMS)."""
+    """fairseq-train flags of `model` (a key of MODELS) at `dims` (default DIMS)."""
     if model not in MODELS:
         raise ValueError(f"model {model!r}: choose {' or '.join(MODELS)}")
     return MODELS[model] + list(DIMS if dims is None else dims)
