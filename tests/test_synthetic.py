@@ -51,6 +51,14 @@ def test_addition_is_written_least_significant_digit_first(tmp_path):
     assert carried > 0
 
 
+@pytest.mark.parametrize("flags,message", [(["--max-train-digits", "1"], "--max-train-digits 1: must be >= 2"),
+                                           (["--test-digits", "1-5"], "--test-digits 1-5: the inputs of --task "
+                                                                      "addition have at least 2 digits")])
+def test_addition_needs_a_digit_per_operand(flags, message, tmp_path):
+    with pytest.raises(SystemExit, match=message):
+        synthetic.main(["make", "--task", "addition", "--out", str(tmp_path), "--train", "5", *flags])
+
+
 def test_make_is_seeded(tmp_path):
     for d in ("a", "b"):
         synthetic.main(["make", "--task", "addition", "--out", str(tmp_path / d), "--train", "5", "--valid", "1",

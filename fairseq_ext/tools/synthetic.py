@@ -85,7 +85,7 @@ def example(task: str, rng: random.Random, low: int, high: int):
         s = number(rng, rng.randint(low, high))
         return " ".join(s), " ".join(s)
     if task == "addition":
-        digits = rng.randint(max(low, 2), max(high, 2))
+        digits = rng.randint(max(low, 2), high)
         first = rng.randint(1, digits - 1)
         a, b = number(rng, first), number(rng, digits - first)
         return " ".join(a[::-1]) + " + " + " ".join(b[::-1]), " ".join(str(int(a) + int(b))[::-1])
@@ -101,9 +101,12 @@ def parse_range(text: str):
 
 
 def make(task, out, n_train, n_valid, n_test, max_train_digits, test_digits, seed):
-    if max_train_digits < 1:
-        raise ValueError(f"--max-train-digits {max_train_digits}: must be >= 1")
+    least = 2 if task == "addition" else 1  # addition: a digit per operand at least
+    if max_train_digits < least:
+        raise ValueError(f"--max-train-digits {max_train_digits}: must be >= {least} for --task {task}")
     test_low, test_high = parse_range(test_digits)
+    if test_low < least:
+        raise ValueError(f"--test-digits {test_digits}: the inputs of --task {task} have at least {least} digits")
     rng = random.Random(seed)
     os.makedirs(out, exist_ok=True)
     splits = {"train": (n_train, 1, max_train_digits), "valid": (n_valid, 1, max_train_digits),
