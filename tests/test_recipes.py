@@ -72,6 +72,7 @@ def test_sas_code_lm_recipe(tmp_path):
 def test_terraformer_synthetic_recipe(tmp_path):
     """Copy-task data, a Terraformer trained 2 updates, greedy decoding of valid and test, the scores."""
     import json
+    import subprocess
 
     data, save = tmp_path / "data", tmp_path / "tf"
     run(["bash", os.path.join(REPO, "examples/terraformer/synthetic.sh"), "copy", "terraformer", str(data), str(save),
@@ -81,6 +82,19 @@ def test_terraformer_synthetic_recipe(tmp_path):
     for split, n in (("valid", 8), ("test", 4)):
         score = json.loads((save / f"score-{split}.json").read_text())
         assert score["examples"] == n and 0 <= score["token_accuracy"] <= 100
+    # data of another DATA_FORMAT version is made again before training; a bad TASK is refused
+    from fairseq_ext.tools.synthetic import DATA_FORMAT
+
+    assert (data / "bin" / "format").read_text().strip() == str(DATA_FORMAT["copy"])
+    (data / "bin" / "format").write_text("0\n")
+    (data / "raw" / "train.src").write_text("stale\n")
+    run(["bash", os.path.join(REPO, "examples/terraformer/synthetic.sh"), "copy", "terraformer", str(data),
+         str(tmp_path / "tf2"), "--max-tokens", "1000"], TRAIN="200", VALID="8", TEST="4", MAX_UPDATE="1")
+    assert (data / "bin" / "format").read_text().strip() == str(DATA_FORMAT["copy"])
+    assert len((data / "raw" / "train.src").read_text().splitlines()) == 200
+    bad = subprocess.run(["bash", os.path.join(REPO, "examples/terraformer/synthetic.sh"), "multiply", "terraformer",
+                          str(tmp_path / "d3"), str(tmp_path / "tf3")], cwd=REPO, capture_output=True, text=True)
+    assert bad.returncode == 2 and "TASK multiply: choose copy or addition" in bad.stderr, bad.stderr
 
 
 def test_terraformer_translation_recipe(tiny_data, tmp_path):

@@ -361,22 +361,28 @@ def test_synthetic_tasks_run_resume_and_tabulate(tmp_path):
     assert (f"{r['test']['sequence_accuracy']:.1f} / {r['test']['token_accuracy']:.1f} | "
             f"{e['edit_token_accuracy']:.1f} | 0.0 / 79.8 |") in table
 
-    # examples of another data format (an older synthetic.py, other flags): the data is made again, and a run
-    # trained on the old examples is not resumed on the new ones
+    # examples of another data format (an older synthetic.py, other flags): the data is made again, a result
+    # of the old examples counts as not run, and the run's old files (evaluations, kept checkpoint; here no
+    # checkpoint_last.pt) are moved aside, not resumed: it trains afresh on the new examples
     data = out / "synthetic" / "copy"
     assert json.loads((data / "bin" / "done").read_text()) == json.loads((save / "data_signature").read_text())
-    assert r["data_format"] == synthetic.DATA_FORMAT
-    (data / "bin" / "done").write_text('{"format": 1}')
-    (save / "data_signature").write_text('{"format": 1}')
+    assert r["data_format"] == synthetic.DATA_FORMAT["copy"] and synthetic.current_format(r)
+    old = {"format": 0}
+    (data / "bin" / "done").write_text(json.dumps(old))
+    (save / "data_signature").write_text(json.dumps(old))
     (data / "raw" / "train.src").write_text("stale\n")
-    for folder in (out / "results", results / "runs"):  # planned again: resuming from its checkpoint_last.pt
-        os.remove(folder / f"{r['name']}.json")
-    p = subprocess.run(cmd, cwd=REPO, env=clean_env(OMP_NUM_THREADS="1"), capture_output=True, text=True,
-                       timeout=600)
-    assert p.returncode != 0 and "making it again" in p.stdout, p.stdout[-3000:] + p.stderr[-3000:]
-    assert "trained on other copy examples" in p.stderr and "move that folder aside" in p.stderr, p.stderr[-3000:]
-    assert json.loads((data / "bin" / "done").read_text())["format"] == synthetic.DATA_FORMAT
+    os.remove(save / "checkpoint_last.pt")
+    for folder in (out / "results", results / "runs"):
+        (folder / f"{r['name']}.json").write_text(json.dumps({**r, "data_format": 0}))
+    third = run(cmd, OMP_NUM_THREADS="1").stdout
+    assert "making it again" in third and "training afresh" in third, third[-3000:]
     assert (data / "raw" / "train.src").read_text() != "stale\n"
+    retired = list((out / "retired").iterdir())
+    assert len(retired) == 1 and (retired[0] / "evals.json").exists() and (retired[0] / kept[0]).exists()
+    assert (save / "lock").exists() and json.loads((save / "data_signature").read_text())["format"] == 1
+    again = json.loads((results / "runs" / f"{r['name']}.json").read_text())
+    assert synthetic.current_format(again) and again["evals"][0]["updates"] == s.interval
+    assert "updates 0-" in third  # from the first chunk again
 
 
 def test_speed_columns_come_from_the_benchmarks_by_model_spec():

@@ -140,3 +140,25 @@ def test_clear_errors(tmp_path):
 def test_numbers_have_exactly_the_digits_asked():
     rng = random.Random(0)
     assert all(len(synthetic.number(rng, n)) == n for n in range(1, 40))
+
+
+# what make writes (50/5/5 examples, at most 20 digits in training, 30-40 in the test, seed 1) in each task's
+# DATA_FORMAT version: a change to make's examples must raise the task's version (and add its line here)
+MADE = {("copy", 1): "7d73320f8d433bc85f53eb6ce5bf0ae86ad0dd5678481259424acb1389b306d0",
+        ("addition", 2): "a80cf067f5f43210092004555b071de861624247dc2c2bdf5075bce643d9d9e1"}
+
+
+@pytest.mark.parametrize("task", ["copy", "addition"])
+def test_data_format_versions_what_make_writes(task, tmp_path):
+    import hashlib
+
+    synthetic.main(["make", "--task", task, "--out", str(tmp_path), "--train", "50", "--valid", "5", "--test", "5",
+                    "--max-train-digits", "20", "--test-digits", "30-40", "--seed", "1"])
+    digest = hashlib.sha256()
+    for split in ("train", "valid", "test"):
+        for side in ("src", "tgt"):
+            digest.update((tmp_path / f"{split}.{side}").read_bytes())
+    key = (task, synthetic.DATA_FORMAT[task])
+    assert key in MADE, f"no pin for {key}: add the new version's digest to MADE"
+    assert digest.hexdigest() == MADE[key], (f"make writes other {task} examples than DATA_FORMAT "
+                                             f"{key[1]} did: raise DATA_FORMAT['{task}'] and pin the new digest")

@@ -173,7 +173,10 @@ def test_position_offsets_shift_training_positions_only(tiny_data):
                                                                     "--position-offset-prob", "1"])
     _, _, plain, _ = build(tiny_data, "terraformer_tiny")
     embed, pad = model.encoder.embed, task.source_dictionary.pad()
-    assert (embed.offset_max, embed.offset_prob) == (40, 1.0) and plain.encoder.embed.offset_max == 0
+    for side in (model.encoder, model.decoder):  # encoder and decoder inputs, each its own draws
+        assert (side.embed.offset_max, side.embed.offset_prob) == (40, 1.0)
+        assert side.embed.embed_positions.weights.size(0) >= pad + 1 + side.max_positions() + 40
+    assert plain.encoder.embed.offset_max == plain.decoder.embed.offset_max == 0
     src = fixed_batch(task, n=5)["net_input"]["src_tokens"]
     assert src.eq(pad).any()
     ref = embed.embed_positions
@@ -183,29 +186,32 @@ def test_position_offsets_shift_training_positions_only(tiny_data):
     def shifted(start):  # the positions' sinusoids counted from `start`, zeros at padding
         return table[positions + start * src.ne(pad).long()]
 
+    assert table[pad].abs().max() == 0
+
     embed.eval()
     torch.testing.assert_close(embed.embed_positions(src), shifted(0))
     embed.train()
-    seen = set()
-    for seed in range(30):
-        torch.manual_seed(seed)
-        got = embed.offset_positions(src, int(torch.randint(0, 40, ())))
-        match = [k for k in range(40) if torch.allclose(got, shifted(k), atol=1e-6)]
-        assert len(match) == 1, match
-        seen.add(match[0])
-        assert got[src.eq(pad)].abs().max() == 0
-    assert len(seen) > 10 and max(seen) < 40
     x = embed.embed_tokens(src) * embed.embed_scale
     for prob in (1.0, 0.3, 0.0):  # the share of shifted batches (an offset of 0 leaves one unshifted)
         embed.offset_prob = prob
-        shifts = 0
+        starts = []
         for seed in range(100):
             torch.manual_seed(seed)
             out = embed(src).transpose(0, 1)  # dropout 0 in the matrix's args
-            shifts += not torch.allclose(out, x + shifted(0), atol=1e-5)
+            match = [k for k in range(40) if torch.allclose(out, x + shifted(k), atol=1e-5)]
+            assert len(match) == 1, (prob, seed, match)  # one offset in [0, 40) for the whole batch
+            starts.append(match[0])
+        shifts = sum(k > 0 for k in starts)
         assert abs(shifts - 100 * prob * 39 / 40) <= 15, (prob, shifts)
-        assert (shifts == 0) == (prob == 0.0)
+        assert (shifts == 0) == (prob == 0.0) and (prob < 1 or len(set(starts)) > 20)
+    far = embed.offset_positions(src, 5000)  # past the table: it grows
+    assert embed.embed_positions.weights.size(0) >= pad + 1 + src.size(1) + 5000
+    torch.testing.assert_close(far, SinusoidalPositionalEmbedding.get_embedding(
+        pad + 1 + src.size(1) + 5000, ref.embedding_dim, pad)[positions + 5000 * src.ne(pad).long()])
     embed.offset_prob = 1.0
+    torch.manual_seed(0)  # a step of incremental decoding in training mode: its position from the length
+    step = embed(src, incremental_state={}).transpose(0, 1)
+    torch.testing.assert_close(step, x[:, -1:] + embed.embed_positions(src, incremental_state={}))
     embed.eval()
     torch.testing.assert_close(embed(src).transpose(0, 1), x + shifted(0))
 

@@ -18,12 +18,17 @@ task=$1; model=$2; data=$3; save=$4; shift 4
 here=$(cd "$(dirname "$0")" && pwd)
 model_flags=$(python -m fairseq_ext.tools.synthetic flags "$model") || exit 2
 mapfile -t model_flags <<< "$model_flags"
-if [ ! -f "$data/bin/dict.src.txt" ]; then
+# the examples' version (synthetic.py DATA_FORMAT): data made by another version is made again
+format=$(python -c 'import sys; from fairseq_ext.tools.synthetic import DATA_FORMAT; print(DATA_FORMAT[sys.argv[1]])' \
+  "$task" 2>/dev/null) || { echo "synthetic.sh: TASK $task: choose copy or addition" >&2; exit 2; }
+if [ ! -f "$data/bin/dict.src.txt" ] || [ "$(cat "$data/bin/format" 2>/dev/null)" != "$format" ]; then
+  rm -rf "$data/raw" "$data/bin"
   python -m fairseq_ext.tools.synthetic make --task "$task" --out "$data/raw" \
     --train "${TRAIN:-50000}" --valid "${VALID:-1000}" --test "${TEST:-500}"
   fairseq-preprocess --source-lang src --target-lang tgt --trainpref "$data/raw/train" \
     --validpref "$data/raw/valid" --testpref "$data/raw/test" --joined-dictionary \
     --destdir "$data/bin" --workers 2
+  echo "$format" > "$data/bin/format"
 fi
 "$here/../train.sh" "$data/bin" "$save" "${model_flags[@]}" --source-lang src --target-lang tgt \
   --label-smoothing 0 --max-update "${MAX_UPDATE:-2000}" --no-epoch-checkpoints "$@"

@@ -116,15 +116,20 @@ class _Embedder(nn.Module):
         # start at an offset uniform in [0, max_offset_to_add) (its addition configuration, the Table 4 tasks)
         self.offset_max = getattr(args, "position_offset_max", 0) or 0
         self.offset_prob = getattr(args, "position_offset_prob", None) or 0.0
+        if self.offset_max and self.embed_positions is not None:  # the table covers every offset position
+            self._grow_table(self.padding_idx + 1 + max_positions + self.offset_max)
+
+    def _grow_table(self, rows):
+        ep = self.embed_positions
+        if rows > ep.weights.size(0):
+            ep.weights = type(ep).get_embedding(rows, ep.embedding_dim, self.padding_idx).to(ep.weights)
 
     def offset_positions(self, tokens, start):
         """Sinusoidal embeddings of `tokens`' positions counted from `start` (padding stays padding), (B, T, d)."""
         ep = self.embed_positions
         positions = utils.make_positions(tokens, self.padding_idx)
         positions = positions + start * tokens.ne(self.padding_idx).long()
-        need = int(positions.max()) + 1
-        if need > ep.weights.size(0):
-            ep.weights = type(ep).get_embedding(need, ep.embedding_dim, self.padding_idx).to(ep.weights)
+        self._grow_table(self.padding_idx + 1 + tokens.size(1) + start)  # a bound known without reading positions
         return ep.weights.index_select(0, positions.view(-1)).view(*tokens.shape, -1).detach()
 
     def forward(self, tokens, incremental_state=None):

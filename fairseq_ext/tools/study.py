@@ -383,11 +383,15 @@ class Study:
     def result(self, name):
         """Run `name`'s result: OUT/results, else the published run files (docs/results/runs for the paper
         protocol), so a study carried onto a fresh clone or another machine skips the runs already committed."""
+        from .synthetic import current_format
+
         for folder in [self.results] + ([self.publish] if self.publish else []):
             path = os.path.join(folder, name + ".json")
             if os.path.exists(path):
                 with open(path) as f:
-                    return json.load(f)
+                    r = json.load(f)
+                if r.get("role") != "synthetic" or current_format(r):  # else trained on older examples
+                    return r
         return None
 
     def best_lr(self, config):
@@ -475,7 +479,7 @@ class Study:
         from .synthetic import DATA_FORMAT
 
         s = self.p.synthetic
-        return json.dumps({"format": DATA_FORMAT, "make": ["--task", task, "--train", str(s.train), "--valid",
+        return json.dumps({"format": DATA_FORMAT[task], "make": ["--task", task, "--train", str(s.train), "--valid",
                                                            str(s.valid), "--test", str(s.test), "--max-train-digits",
                                                            str(s.max_train_digits), "--test-digits", s.test_digits]})
 
@@ -558,12 +562,19 @@ class Study:
         os.makedirs(save, exist_ok=True)
         data_bin = self.synthetic_data(task)
         signature, mark = self.synthetic_signature(task), os.path.join(save, "data_signature")
-        if os.path.exists(os.path.join(save, "checkpoint_last.pt")):  # resuming: only on the same examples
-            if not os.path.exists(mark) or open(mark).read() != signature:
-                raise SystemExit(f"study: {save} was trained on other {task} examples than the current ones "
-                                 f"(fairseq_ext/tools/synthetic.py DATA_FORMAT {json.loads(signature)['format']} or "
-                                 f"other flags); move that folder aside to train {name} afresh")
-        else:
+        started = [f for f in os.listdir(save) if f in ("checkpoint_last.pt", "evals.json", "train.log")
+                   or f.startswith("checkpoint_at")]
+        if started and (not os.path.exists(mark) or open(mark).read() != signature):
+            # trained on other examples (an older synthetic.py DATA_FORMAT, other flags): kept aside, not resumed
+            aside = os.path.join(self.out, "retired", f"{name}-{time.strftime('%Y%m%d-%H%M%S')}")
+            os.makedirs(aside)
+            for f in os.listdir(save):
+                if f != "lock":  # the lock file stays: this process holds it (claim)
+                    os.replace(os.path.join(save, f), os.path.join(aside, f))
+            log(f"{name}: {save} was trained on other {task} examples than the current ones; its files moved to "
+                f"{aside}, training afresh")
+            started = []
+        if not started:
             with open(mark, "w") as f:
                 f.write(signature)
         train_log, clock = os.path.join(save, "train.log"), os.path.join(save, "train_seconds")

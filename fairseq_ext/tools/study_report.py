@@ -442,7 +442,9 @@ def write_report(results, check=False):
     """Regenerate the study's docs; returns the files that changed (with check=True: would change)."""
     everything = load_runs(results)
     runs = [r for r in everything if r.get("role") != "synthetic"]
-    synthetic = [r for r in everything if r.get("role") == "synthetic"]
+    from .synthetic import current_format
+
+    synthetic = [r for r in everything if r.get("role") == "synthetic" and current_format(r)]
     body, summary = report(runs, load_bench(results, "train_study"), synthetic, load_bench(results, "decode_study"))
     changed = []
     targets = [os.path.join(results, "README.md")]

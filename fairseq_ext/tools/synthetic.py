@@ -17,9 +17,9 @@ example is the digits of its input: train and valid take it uniform in 1..max-tr
 test range (over 2x longer: the out-of-distribution part), as in the paper's "inputs with at most 128
 digits ... input lengths from 256 to 300". Copy: a number of that many digits, answered by itself.
 Addition: two numbers with that many digits together (the first operand's length uniform in 1..length-1,
-at least 2 digits in all), every number written least significant digit first, as in the official code
-(trax's addition_input_stream: lower-endian operands and sum, the length counted over "x+y"):
-21 + 43 = 64 is "1 2 + 3 4" -> "4 6".
+at least 2 digits in all), every number written least significant digit first as in the official code
+(trax's addition_input_stream: lower-endian operands and sum; it draws lengths otherwise, see
+docs/terraformer/README.md): 21 + 43 = 64 is "1 2 + 3 4" -> "4 6".
 `score` reads fairseq-generate's output (T- and H- lines) and reports exact-sequence accuracy and
 per-token accuracy (position-wise over the reference; a missing or extra position counts as wrong), the
 two figures of the paper's Table 4. `errors` tells how the wrong answers are wrong, which position-wise
@@ -53,9 +53,15 @@ DIMS = ["--encoder-layers", "2", "--decoder-layers", "2", "--encoder-embed-dim",
 # below 300 in 5% of the batches, so that positions past the trained lengths occur in training (trax's
 # addition configuration for its Terraformer: pos_max_offset_to_add 300, pos_start_from_zero_prob 0.95)
 MAX_TRAIN_DIGITS = 128  # the paper's longest trained length: make's default and places' "inside the trained lengths"
-# the version of make's examples: a change of what make writes for the same flags changes it, so that the
-# study rebuilds its data and does not resume a run trained on other data (fairseq_ext/tools/study.py)
-DATA_FORMAT = 2  # 2: addition least significant digit first, the length over both operands
+# the version of make's examples per task: a change of what make writes for the same flags raises it, so
+# that the study makes its data again, moves aside a run trained on the old examples and counts a result of
+# theirs as not run (fairseq_ext/tools/study.py); tests/test_synthetic.py pins what each version writes
+DATA_FORMAT = {"copy": 1, "addition": 2}  # addition 2: least significant digit first, length over both operands
+
+
+def current_format(run):
+    """Whether a synthetic run file's examples are of the current DATA_FORMAT (a file without the field: 1)."""
+    return run.get("data_format", 1) == DATA_FORMAT[run["task"]]
 MODELS = {"terraformer": ["--arch", "terraformer_base"],
           "transformer": ["--arch", "transformer", "--encoder-normalize-before", "--decoder-normalize-before"],
           "terraformer_nopos": ["--arch", "terraformer_base", "--no-token-positional-embeddings"],
