@@ -1,7 +1,7 @@
 """The shell recipes run end to end (tiny sizes, a few updates): what a user copies must work."""
 import os
 
-from conftest import REPO, run
+from conftest import REPO, clean_env, run
 
 
 def test_one_wide_ffn_compare_recipe(tiny_data, tmp_path):
@@ -87,7 +87,8 @@ def test_terraformer_synthetic_recipe(tmp_path):
 
     assert (data / "bin" / "format").read_text().strip() == str(DATA_FORMAT["copy"])
     bad = subprocess.run(["bash", os.path.join(REPO, "examples/terraformer/synthetic.sh"), "multiply", "terraformer",
-                          str(tmp_path / "d3"), str(tmp_path / "tf3")], cwd=REPO, capture_output=True, text=True)
+                          str(tmp_path / "d3"), str(tmp_path / "tf3")], cwd=REPO, env=clean_env(),
+                         capture_output=True, text=True)
     assert bad.returncode == 2 and "TASK multiply: choose copy or addition" in bad.stderr, bad.stderr
 
 
