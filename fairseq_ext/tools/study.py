@@ -474,14 +474,17 @@ class Study:
         return self.evaluate(name, config, lr, seed, save, valid, stop)
 
     # -- Terraformer's generalisation tasks
+    def synthetic_make_flags(self, task):
+        """`synthetic make`'s flags for `task` (without --out)."""
+        s = self.p.synthetic
+        return ["--task", task, "--train", str(s.train), "--valid", str(s.valid), "--test", str(s.test),
+                "--max-train-digits", str(s.max_train_digits), "--test-digits", s.test_digits]
+
     def synthetic_signature(self, task):
         """What decides the examples of `task`: synthetic.py's data format and make's flags."""
         from .synthetic import DATA_FORMAT
 
-        s = self.p.synthetic
-        return json.dumps({"format": DATA_FORMAT[task], "make": ["--task", task, "--train", str(s.train), "--valid",
-                                                           str(s.valid), "--test", str(s.test), "--max-train-digits",
-                                                           str(s.max_train_digits), "--test-digits", s.test_digits]})
+        return json.dumps({"format": DATA_FORMAT[task], "make": self.synthetic_make_flags(task)})
 
     def synthetic_data(self, task):
         """OUT/synthetic/TASK: the task's examples and their binarized form, made once (under a lock); made
@@ -496,8 +499,8 @@ class Study:
                 if current is not None:
                     log(f"{folder}: made by another data format or other flags; making it again")
                 shutil.rmtree(os.path.join(folder, "raw"), ignore_errors=True)
-                sh([sys.executable, "-m", "fairseq_ext.tools.synthetic", "make",
-                    *json.loads(signature)["make"], "--out", os.path.join(folder, "raw")])
+                sh([sys.executable, "-m", "fairseq_ext.tools.synthetic", "make", *self.synthetic_make_flags(task),
+                    "--out", os.path.join(folder, "raw")])
                 shutil.rmtree(os.path.join(folder, "bin"), ignore_errors=True)
                 raw = os.path.join(folder, "raw")
                 sh(["fairseq-preprocess", "--source-lang", "src", "--target-lang", "tgt", "--trainpref",
@@ -553,6 +556,7 @@ class Study:
         again (fairseq-train started at --max-update would take one more update), a decoding recorded in
         evals.json is not repeated, and a kept checkpoint is removed only once evals.json names a better one."""
         from ..checkpointing import atomic_copy
+        from .synthetic import DATA_FORMAT
         from .train_log import parse_train_log
 
         s, c = self.p.synthetic, self.configs[config]
@@ -624,7 +628,7 @@ class Study:
             "model": config.split("_", 1)[1], "lr": lr, "warmup": s.warmup, "seed": seed,
             "flags": " ".join(c.flags), "protocol": self.p.name, "parameters": log_["params"],
             "train_digits": f"1-{s.max_train_digits}", "test_digits": s.test_digits,
-            "data_format": json.loads(signature)["format"],
+            "data_format": DATA_FORMAT[task],
             "updates": evals[-1]["updates"], "chosen_updates": best["updates"], "stopped_by": stop,
             "converged": stop in ("perfect", "plateau"), "evals": evals,
             "valid": {"examples": best["examples"], "sequence_accuracy": best["sequence_accuracy"],

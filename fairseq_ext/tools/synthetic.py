@@ -53,15 +53,6 @@ DIMS = ["--encoder-layers", "2", "--decoder-layers", "2", "--encoder-embed-dim",
 # below 300 in 5% of the batches, so that positions past the trained lengths occur in training (trax's
 # addition configuration for its Terraformer: pos_max_offset_to_add 300, pos_start_from_zero_prob 0.95)
 MAX_TRAIN_DIGITS = 128  # the paper's longest trained length: make's default and places' "inside the trained lengths"
-# the version of make's examples per task: a change of what make writes for the same flags raises it, so
-# that the study makes its data again, moves aside a run trained on the old examples and counts a result of
-# theirs as not run (fairseq_ext/tools/study.py); tests/test_synthetic.py pins what each version writes
-DATA_FORMAT = {"copy": 1, "addition": 2}  # addition 2: least significant digit first, length over both operands
-
-
-def current_format(run):
-    """Whether a synthetic run file's examples are of the current DATA_FORMAT (a file without the field: 1)."""
-    return run.get("data_format", 1) == DATA_FORMAT[run["task"]]
 MODELS = {"terraformer": ["--arch", "terraformer_base"],
           "transformer": ["--arch", "transformer", "--encoder-normalize-before", "--decoder-normalize-before"],
           "terraformer_nopos": ["--arch", "terraformer_base", "--no-token-positional-embeddings"],
@@ -74,6 +65,17 @@ def model_flags(model, dims=None):
     if model not in MODELS:
         raise ValueError(f"model {model!r}: choose {' or '.join(MODELS)}")
     return MODELS[model] + list(DIMS if dims is None else dims)
+
+
+# the version of make's examples per task: a change of what make writes for the same flags raises it, so
+# that the study makes its data again, moves aside a run trained on the old examples and counts a result of
+# theirs as not run (fairseq_ext/tools/study.py); tests/test_synthetic.py pins what each version writes
+DATA_FORMAT = {"copy": 1, "addition": 2}  # addition 2: least significant digit first, length over both operands
+
+
+def current_format(run):
+    """Whether a synthetic run file's examples are of the current DATA_FORMAT (a file without the field: 1)."""
+    return run.get("data_format", 1) == DATA_FORMAT[run["task"]]
 
 
 def number(rng: random.Random, digits: int) -> str:
