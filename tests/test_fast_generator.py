@@ -281,12 +281,17 @@ def test_int8_says_what_it_quantized(arch, tiny_data, caplog):
         assert share < 95, share  # not everything: the message says so
 
 
-def test_bf16_encoder_linears_packed_once_and_equal_to_autocast_linear(tiny_data):
+@pytest.mark.parametrize("unpacked", [False, True])
+def test_bf16_encoder_linears_packed_once_and_equal_to_autocast_linear(tiny_data, unpacked, monkeypatch):
     """prepare_encoder (--bf16's encoder): the encoder's own Linear weights become bf16 (those shared with
     the decoder stay float32), and a module-called Linear gives autocast F.linear's result within bf16
-    rounding under autocast, and F.linear's exactly outside it."""
+    rounding under autocast, and F.linear's exactly outside it; the same where bf16 weights cannot be packed
+    (oneDNN's bf16 product needs AVX-512: `unpacked` forces that path on any CPU)."""
+    from fairseq_ext.decoding import encoder
     from fairseq_ext.decoding.encoder import prepare_encoder, prepared_dtype as encoder_dtype
 
+    if unpacked:
+        monkeypatch.setattr(encoder, "can_pack", lambda dtype=torch.float32: False)
     _, _, model, _ = build(tiny_data, "one_wide_ffn_tiny")
     model.eval()
     shared = {id(p) for p in model.decoder.parameters()}
@@ -299,6 +304,7 @@ def test_bf16_encoder_linears_packed_once_and_equal_to_autocast_linear(tiny_data
     for m in model.encoder.modules():
         if type(m) is torch.nn.Linear:
             assert m.weight.dtype == (torch.float32 if id(m.weight) in shared else torch.bfloat16)
+    assert (fc1._packed is not None) == encoder.can_pack(torch.bfloat16)  # False where unpacked
     with torch.no_grad():
         with torch.autocast("cpu", dtype=torch.bfloat16):
             out = fc1(x)

@@ -101,10 +101,14 @@ def test_terraformer_translation_recipe(tiny_data, tmp_path):
 
 def test_train_recipe_allocator(tiny_data, tmp_path):
     """examples/train.sh on a CPU preloads tcmalloc when the linker cache has it (ALLOCATOR=system keeps
-    glibc's): the allocator changes no number, so both runs log the same losses; a bad ALLOCATOR is refused."""
+    glibc's): the allocator changes no number, so both runs log the same losses; a bad ALLOCATOR is refused.
+    Both train in this machine's precision (bf16 autocast where the CPU has native bf16, else fp32)."""
     import re
     import subprocess
 
+    from fairseq_ext.tools.precision import choose
+
+    precision = choose()["precision"]
     has_tcmalloc = "libtcmalloc_minimal.so.4 " in subprocess.run(["ldconfig", "-p"], capture_output=True,
                                                                   text=True).stdout
     logs = {}
@@ -112,7 +116,7 @@ def test_train_recipe_allocator(tiny_data, tmp_path):
         p = run(["bash", os.path.join(REPO, "examples/train.sh"), str(tiny_data / "bin"), str(tmp_path / alloc),
                  "--arch", "transformer_tiny", "--share-all-embeddings", "--max-update", "4", "--log-interval", "1",
                  "--disable-validation", "--no-save", "--num-workers", "0"],
-                ALLOCATOR=alloc, PRECISION="bf16", OMP_NUM_THREADS="1")
+                ALLOCATOR=alloc, PRECISION=precision, OMP_NUM_THREADS="1")
         out = p.stdout + p.stderr
         assert ("memory allocator: tcmalloc" in out) == (has_tcmalloc and alloc == "auto"), out[-2000:]
         logs[alloc] = re.findall(r"\bloss[ =]([0-9.]+).*?nll_loss[ =]([0-9.]+).*?num_updates[ =](\d+).*?"

@@ -4,8 +4,11 @@ at epoch 2 or later — the same command resumes and ends with the parameters of
 bit for bit, having trained on the same batches in the same order. A finished run stays finished; an
 unreadable checkpoint_last.pt falls back to the newest readable checkpoint.
 
-The runs use --update-freq 2, dropout, bf16 autocast (--bf16 on CPU) and saves every 5 updates and at
-every epoch end (7 updates per epoch: 40 updates are almost 6 epochs)."""
+The runs use --update-freq 2, dropout and saves every 5 updates and at every epoch end (14 updates per epoch:
+40 updates end in epoch 3), in the precision this machine trains in (fairseq_ext/tools/precision.py:
+bf16 autocast, --bf16 on CPU, where the CPU has native bf16; fp32 elsewhere, where emulated bf16 would make
+each run several times slower). A kill in the middle of an epoch is also tested in bf16 on every machine
+(bf16 training draws its dropout masks otherwise: hashed dropout)."""
 import hashlib
 import json
 import os
@@ -22,12 +25,22 @@ HELPER = os.path.join(REPO, "tests", "train_with_faults.py")
 MAX_UPDATE = 40
 
 
-def _args(data, save, max_update=MAX_UPDATE, arch="transformer_tiny"):
+def _machine_precision():
+    from fairseq_ext.tools.precision import choose
+
+    return choose()["precision"]
+
+
+PRECISION = _machine_precision()  # bf16 or fp32 (a CPU: no fp16)
+
+
+def _args(data, save, max_update=MAX_UPDATE, arch="transformer_tiny", precision=PRECISION):
     return [str(data / "bin"), "--user-dir", USER_DIR, "--cpu", "--task", "translation",
             "--source-lang", "en", "--target-lang", "de", "--arch", arch, "--share-all-embeddings",
             "--optimizer", "adam", "--lr", "2e-3", "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "10",
             "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1", "--dropout", "0.1",
-            "--max-tokens", "4000", "--update-freq", "2", "--bf16", "--save-dir", str(save),
+            "--max-tokens", "4000", "--update-freq", "2", *(["--bf16"] if precision == "bf16" else []),
+            "--save-dir", str(save),
             "--save-interval-updates", "5", "--keep-interval-updates", "2", "--keep-last-epochs", "2",
             "--max-update", str(max_update), "--seed", "11", "--log-format", "simple", "--log-interval", "5"]
 
@@ -56,32 +69,47 @@ def _params(path):
     return state["optimizer_history"][-1]["num_updates"], state["model"]
 
 
-@pytest.fixture(scope="module")
+_references = {}
+
+
+def _reference(data, precision, tmp_path_factory, max_update=MAX_UPDATE):
+    """The uninterrupted run in `precision` (one per precision, length and session)."""
+    if (precision, max_update) not in _references:
+        save = tmp_path_factory.mktemp(f"uninterrupted-{precision}-{max_update}")
+        trace = save / "trace.jsonl"
+        rc, out = _train(data, save, trace=trace, precision=precision, max_update=max_update)
+        assert rc == 0, out[-4000:]
+        assert ("bf16 on CPU" in out) == (precision == "bf16"), out[-3000:]
+        assert "epoch 003" in out, "the reference run must reach epoch 3"
+        _references[precision, max_update] = save, trace
+    return _references[precision, max_update]
+
+
+@pytest.fixture
 def reference(tiny_data, tmp_path_factory):
-    save = tmp_path_factory.mktemp("uninterrupted")
-    trace = save / "trace.jsonl"
-    rc, out = _train(tiny_data, save, trace=trace)
-    assert rc == 0, out[-4000:]
-    assert "bf16 on CPU" in out and "epoch 003" in out, "the reference run must reach epoch 3"
-    return save, trace
+    return _reference(tiny_data, PRECISION, tmp_path_factory)
 
 
 # kill points, one of each kind: inside a checkpoint write (an epoch save), before a rename, during the
-# copy onto checkpoint_last.pt, and at an update in the middle of epoch 2 (7 updates per epoch)
-KILLS = ["write:5", "rename:3", "copy:4", "step:12"]
+# copy onto checkpoint_last.pt, and at an update in the middle of epoch 2 (the 19th step: epoch 2 is updates
+# 15-28), in this machine's precision; the last again in bf16 where that is not this machine's (30 updates:
+# into epoch 3)
+KILLS = [(kill, PRECISION, MAX_UPDATE) for kill in ("write:5", "rename:3", "copy:4", "step:19")] + (
+    [("step:19", "bf16", 30)] if PRECISION != "bf16" else [])
 
 
-@pytest.mark.parametrize("kill", KILLS)
-def test_killed_anywhere_resumes_exactly(kill, reference, tiny_data, tmp_path):
-    ref_save, ref_trace = reference
+@pytest.mark.parametrize("kill,precision,max_update", KILLS, ids=[f"{k}-{p}" for k, p, _ in KILLS])
+def test_killed_anywhere_resumes_exactly(kill, precision, max_update, tiny_data, tmp_path, tmp_path_factory):
+    ref_save, ref_trace = _reference(tiny_data, precision, tmp_path_factory, max_update)
     save, trace = tmp_path / "run", tmp_path / "trace.jsonl"
-    rc, out = _train(tiny_data, save, kill=kill, trace=trace)
+    how = dict(trace=trace, precision=precision, max_update=max_update)
+    rc, out = _train(tiny_data, save, kill=kill, **how)
     assert rc == -signal.SIGKILL, f"the fault {kill} did not fire (rc {rc})\n{out[-3000:]}"
-    rc, out = _train(tiny_data, save, trace=trace)  # the same command again
+    rc, out = _train(tiny_data, save, **how)  # the same command again
     assert rc == 0, out[-4000:]
     n_ref, ref = _params(ref_save / "checkpoint_last.pt")
     n, got = _params(save / "checkpoint_last.pt")
-    assert n == n_ref == MAX_UPDATE
+    assert n == n_ref == max_update
     different = [k for k in ref if not (ref[k] == got[k]).all()]
     assert not different, f"after {kill} and resume, {len(different)} tensors differ, e.g. {different[:3]}"
     assert _effective_batches(trace) == _effective_batches(ref_trace), "the resumed run trained on other batches"

@@ -187,6 +187,71 @@ def test_claim_is_exclusive_and_dies_with_its_process(tmp_path):
     assert not mine.claim("r")
 
 
+def test_a_study_keeps_one_precision_across_machines(tmp_path, monkeypatch):
+    """A study's runs share one precision: a fresh OUT takes the precision of the finished runs (here the
+    published ones), not this machine's choice; a machine without a fast path for it (bf16 on a CPU without
+    native bf16) stops before any run, naming the fix, also for an OUT carried over with its study.json;
+    fp32 runs anywhere; runs that already disagree are an error. Each run's file records the machine it
+    trained on, not the one that wrote study.json."""
+    from fairseq_ext.tools import study as st
+
+    bf16 = {"flag": "--bf16", "precision": "bf16", "cpu": "CPU A", "reason": "bf16 autocast: CPU A has avx512_bf16"}
+    fp32 = {"flag": "", "precision": "fp32", "cpu": "CPU B", "reason": "fp32: CPU B has no native bf16"}
+    assert st.agreed_precision({}, fp32) == fp32  # a new study: this machine's choice
+    assert st.agreed_precision({"bf16": ["r1"]}, bf16) == bf16
+    carried = bf16 | {"cpu": "CPU C"}
+    assert st.agreed_precision({"bf16": ["r1"]}, bf16, stored=carried) == carried  # study.json's stays
+    kept = st.agreed_precision({"fp32": ["r1"]}, bf16)
+    assert kept["precision"] == "fp32" and kept["flag"] == ""  # fp32 runs on a bf16 machine too
+    for finished, stored in (({"bf16": ["r1", "r2"]}, None), ({}, bf16)):
+        try:
+            st.agreed_precision(finished, fp32, stored)
+        except SystemExit as e:
+            msg = str(e)
+        else:
+            raise AssertionError("a bf16 study went on in fp32")
+        assert "bf16" in msg and "CPU B has no native bf16" in msg and "avx512_bf16 or amx_bf16" in msg, msg
+        assert "another OUT folder and --publish folder" in msg
+    for finished, stored in (({"bf16": ["r1"], "fp32": ["r2"]}, None), ({"fp32": ["r2"]}, bf16)):
+        try:
+            st.agreed_precision(finished, bf16, stored)
+        except SystemExit as e:
+            assert "disagree on the precision" in str(e) and "r2" in str(e), str(e)
+        else:
+            raise AssertionError("mixed precisions went unnoticed")
+
+    # through Study.setup (a synthetic configuration alone: no corpus to binarize)
+    published = tmp_path / "published"
+    published.mkdir()
+    (published / "copy_transformer-lr1e-3-s1.json").write_text(json.dumps({"name": "copy_transformer-lr1e-3-s1",
+                                                                            "precision": "bf16"}))
+    monkeypatch.setattr(st, "choose", lambda: dict(fp32))
+    study = st.Study(tmp_path / "out", st.PROTOCOLS["tiny"], publish=str(published), only={"copy_terraformer"})
+    try:
+        study.setup()
+    except SystemExit as e:
+        assert "its 1 finished runs trained in bf16" in str(e), str(e)
+    else:
+        raise AssertionError("setup accepted a machine without the study's precision")
+    assert not (tmp_path / "out" / "study.json").exists()
+    monkeypatch.setattr(st, "choose", lambda: dict(bf16))
+    study.setup()
+    assert json.loads((tmp_path / "out" / "study.json").read_text())["precision"] == bf16
+    monkeypatch.setattr(st, "choose", lambda: dict(fp32))  # the same OUT, carried to a machine without bf16
+    again = st.Study(tmp_path / "out", st.PROTOCOLS["tiny"], only={"copy_terraformer"})
+    try:
+        again.setup()
+    except SystemExit as e:
+        assert "its study.json trained in bf16" in str(e), str(e)
+    else:
+        raise AssertionError("a carried study.json in bf16 went on in fp32")
+    monkeypatch.setattr(st, "cpu_model", lambda: "CPU D")
+    monkeypatch.setattr(st, "choose", lambda: dict(bf16))
+    again.setup()
+    facts = again.run_facts(str(tmp_path), {"train": []})
+    assert facts["precision"] == "bf16" and facts["cpu"] == "CPU D"
+
+
 def test_plan_orders_seeds_then_ablations_then_generalisation_tasks(tmp_path):
     """After the sweep: seed 1 of every method, seeds 2 and 3 of the baseline and the main configurations,
     the ablations, the Terraformer's generalisation tasks, the main configurations' other rates; the

@@ -17,6 +17,9 @@ so it is chosen at run time, on the machine that decodes:
   six times per sentence), and packed for oneDNN: an unpacked bf16 weight is re-laid out by oneDNN on every
   product, which for One Wide FFN's 49,152-wide FFN costs more than the product.
 
+Where this torch cannot pack bf16 weights (oneDNN's bf16 product needs AVX-512), the bf16 weights stay
+unpacked and run through F.linear, cast to the input's dtype outside autocast.
+
 Packed are the encoder's own Linear layers (not those shared with the decoder); fairseq's attention then
 takes its general path, which calls its projections as modules (F.multi_head_attention_forward would read
 their weights directly). A packed layer falls back to F.linear when
@@ -167,6 +170,9 @@ def prepare_encoder(model, dtype=torch.bfloat16):
             if pack:
                 m._packed = _Packed(dtype, pack_weight(m.weight),
                                     None if m.bias is None else m.bias.detach().to(dtype), m.weight._version)
+            elif dtype == torch.bfloat16:
+                m._packed = None  # no bf16 packing here (oneDNN's needs AVX-512): F.linear on the bf16 weight
+            if pack or dtype == torch.bfloat16:  # a bf16 weight needs _packed_forward's casts outside autocast
                 m.forward = functools.partial(_packed_forward, m)  # (a bound method would not pickle)
         if pack:
             from fairseq.modules import MultiheadAttention

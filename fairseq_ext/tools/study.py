@@ -35,6 +35,8 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
 
+from .precision import choose, cpu_model
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 POLL_SECONDS = 10  # a process with nothing to claim looks again after this long
 RESULTS = os.path.join(REPO, "docs", "results")
@@ -257,6 +259,40 @@ def synthetic_convergence(evals, s):
     return None
 
 
+NATIVE = {"bf16": "a CPU with native bf16 (avx512_bf16 or amx_bf16 in lscpu's flags)", "fp16": "a CUDA device"}
+
+
+def agreed_precision(finished, decision, stored=None):
+    """The precision decision the study's next runs train with. `finished`: {precision: [run names]} of the
+    study's finished runs; `decision`: this machine's choice (fairseq_ext.tools.precision.choose()); `stored`:
+    the decision of the study's study.json, if any. A study with neither takes this machine's choice; else its
+    runs' precision holds: fp32 runs anywhere, bf16 and fp16 only where this machine would choose them itself
+    (a CPU without native bf16 emulates it about 100x slower than fp32). Raises SystemExit, naming the fix,
+    where the study's precisions disagree or this machine has no fast path for the study's."""
+    have = {p: list(names) for p, names in finished.items()}
+    if stored is not None:
+        have.setdefault(stored["precision"], []).insert(0, "study.json")
+    if len(have) > 1:
+        parts = "; ".join(f"{p}: {', '.join(names[:3])}{' ...' if len(names) > 3 else ''}"
+                          for p, names in sorted(have.items()))
+        raise SystemExit(f"study: its runs disagree on the precision ({parts}); a study trains every run in one "
+                         f"precision: move the odd runs' result files (and study.json) aside")
+    if not have:
+        return decision
+    (precision, names), = have.items()
+    runs = [n for n in names if n != "study.json"]
+    if precision == decision["precision"]:
+        return stored or decision
+    if precision == "fp32":
+        return {"flag": "", "precision": "fp32", "cpu": decision.get("cpu"),
+                "reason": f"fp32, the study's ({decision['precision']} on this machine otherwise)"}
+    what = f"its {len(runs)} finished runs" if runs else "its study.json"
+    raise SystemExit(f"study: {what} trained in {precision}, but this machine would train in "
+                     f"{decision['precision']} ({decision['reason']}); a study trains every run in one precision. "
+                     f"Continue it on {NATIVE.get(precision, 'a machine that runs ' + precision)}, or start "
+                     f"another study: another OUT folder and --publish folder")
+
+
 def run_name(config, lr, seed):
     return f"{config}-lr{lr}-s{seed}"
 
@@ -338,12 +374,13 @@ def git_rev():
 
 
 class Study:
-    def __init__(self, out, protocol, corpus=None, publish=None, only=None):
+    def __init__(self, out, protocol, corpus=None, publish=None, only=None, precedent=None):
         self.out = os.path.abspath(out)
         self.p = protocol
         if corpus:
             self.p.corpus = os.path.abspath(corpus)
         self.publish = publish  # folder for the run files beside OUT/results (docs/results/runs)
+        self.precedent = precedent  # a folder of run files whose precision this study keeps (ship --retrain)
         self.results = os.path.join(self.out, "results")
         os.makedirs(self.results, exist_ok=True)
         self._locks = {}  # run name -> open file descriptor holding its flock
@@ -363,13 +400,16 @@ class Study:
 
     def _setup(self):
         path = os.path.join(self.out, "study.json")
+        stored = None
         if os.path.exists(path):
             with open(path) as f:
                 self.meta = json.load(f)
-        else:
-            from .precision import choose
-
-            self.meta = {"protocol": asdict(self.p), "precision": choose(), "started": time.strftime("%Y-%m-%d %H:%M")}
+            stored = self.meta["precision"]
+        # every run of a study trains in one precision (the table compares them): the one of its study.json and
+        # finished runs, checked against this machine at each start (the study may have been carried here)
+        precision = agreed_precision(self.finished_precisions(), choose(), stored)
+        if stored is None:
+            self.meta = {"protocol": asdict(self.p), "precision": precision, "started": time.strftime("%Y-%m-%d %H:%M")}
             with open(path + ".tmp", "w") as f:
                 json.dump(self.meta, f, indent=1)
             os.replace(path + ".tmp", path)
@@ -378,6 +418,19 @@ class Study:
         if "baseline" in self.configs:  # translation configurations (not only the synthetic tasks)
             sh(["bash", os.path.join(REPO, "examples/data/binarize.sh"), self.p.corpus, self.data, "--vocab",
                 str(self.p.vocab)])
+
+    def finished_precisions(self):
+        """{precision: [run names]} of the finished runs (OUT/results, the published run files, precedent)."""
+        found = {}
+        for folder in [self.results] + [f for f in (self.publish, self.precedent) if f]:
+            for path in sorted(glob.glob(os.path.join(folder, "*.json"))):
+                with open(path) as f:
+                    r = json.load(f)
+                if isinstance(r, dict) and "name" in r and "precision" in r:
+                    names = found.setdefault(r["precision"], [])
+                    if r["name"] not in names:
+                        names.append(r["name"])
+        return found
 
     # -- the plan: which runs, in which order (the sweep decides the learning rate of the rest)
     def result(self, name):
@@ -647,7 +700,7 @@ class Study:
         return {
             "train_tokens_per_s": statistics.median(wps) if wps else None,
             "train_seconds": round(float(open(clock).read())) if os.path.exists(clock) else None,
-            "precision": self.meta["precision"]["precision"], "cpu": self.meta["precision"].get("cpu"),
+            "precision": self.meta["precision"]["precision"], "cpu": cpu_model(),  # this machine's
             "threads": int(os.environ.get("OMP_NUM_THREADS", 0)) or os.cpu_count(),
             "git": git_rev(), "finished": time.strftime("%Y-%m-%d %H:%M"),
         }
@@ -829,7 +882,8 @@ def main(argv=None):
         if args.retrain:
             if not (args.corpus or protocol.corpus):
                 p.error(f"--retrain with --protocol {args.protocol} needs --corpus (the run trains on it)")
-            study = Study(args.study, protocol, args.corpus)  # publishes nowhere: the committed file stays
+            # publishes nowhere (the committed file stays); trains in the committed runs' precision
+            study = Study(args.study, protocol, args.corpus, precedent=os.path.join(args.results, "runs"))
             study.setup()
 
             def retrain(run):
