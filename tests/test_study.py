@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 import torch
 
 from conftest import REPO, clean_env, run
@@ -203,22 +204,14 @@ def test_a_study_keeps_one_precision_across_machines(tmp_path, monkeypatch):
     assert st.agreed_precision({"bf16": ["r1"]}, bf16, stored=carried) == carried  # study.json's stays
     kept = st.agreed_precision({"fp32": ["r1"]}, bf16)
     assert kept["precision"] == "fp32" and kept["flag"] == ""  # fp32 runs on a bf16 machine too
-    for finished, stored in (({"bf16": ["r1", "r2"]}, None), ({}, bf16)):
-        try:
+    for finished, stored, what in (({"bf16": ["r1", "r2"]}, None, "its 2 finished runs"), ({}, bf16, "its study.json")):
+        with pytest.raises(SystemExit, match=f"{what} trained in bf16, but this machine would train in fp32 "
+                                             r"\(fp32: CPU B has no native bf16\).*avx512_bf16 or amx_bf16.*"
+                                             "another OUT folder and --publish folder"):
             st.agreed_precision(finished, fp32, stored)
-        except SystemExit as e:
-            msg = str(e)
-        else:
-            raise AssertionError("a bf16 study went on in fp32")
-        assert "bf16" in msg and "CPU B has no native bf16" in msg and "avx512_bf16 or amx_bf16" in msg, msg
-        assert "another OUT folder and --publish folder" in msg
     for finished, stored in (({"bf16": ["r1"], "fp32": ["r2"]}, None), ({"fp32": ["r2"]}, bf16)):
-        try:
+        with pytest.raises(SystemExit, match=r"disagree on the precision \(bf16: .*; fp32: r2\)"):
             st.agreed_precision(finished, bf16, stored)
-        except SystemExit as e:
-            assert "disagree on the precision" in str(e) and "r2" in str(e), str(e)
-        else:
-            raise AssertionError("mixed precisions went unnoticed")
 
     # through Study.setup (a synthetic configuration alone: no corpus to binarize)
     published = tmp_path / "published"
@@ -227,24 +220,16 @@ def test_a_study_keeps_one_precision_across_machines(tmp_path, monkeypatch):
                                                                             "precision": "bf16"}))
     monkeypatch.setattr(st, "choose", lambda: dict(fp32))
     study = st.Study(tmp_path / "out", st.PROTOCOLS["tiny"], publish=str(published), only={"copy_terraformer"})
-    try:
+    with pytest.raises(SystemExit, match="its 1 finished run trained in bf16"):
         study.setup()
-    except SystemExit as e:
-        assert "its 1 finished runs trained in bf16" in str(e), str(e)
-    else:
-        raise AssertionError("setup accepted a machine without the study's precision")
     assert not (tmp_path / "out" / "study.json").exists()
     monkeypatch.setattr(st, "choose", lambda: dict(bf16))
     study.setup()
     assert json.loads((tmp_path / "out" / "study.json").read_text())["precision"] == bf16
     monkeypatch.setattr(st, "choose", lambda: dict(fp32))  # the same OUT, carried to a machine without bf16
     again = st.Study(tmp_path / "out", st.PROTOCOLS["tiny"], only={"copy_terraformer"})
-    try:
+    with pytest.raises(SystemExit, match="its study.json trained in bf16"):
         again.setup()
-    except SystemExit as e:
-        assert "its study.json trained in bf16" in str(e), str(e)
-    else:
-        raise AssertionError("a carried study.json in bf16 went on in fp32")
     monkeypatch.setattr(st, "cpu_model", lambda: "CPU D")
     monkeypatch.setattr(st, "choose", lambda: dict(bf16))
     again.setup()

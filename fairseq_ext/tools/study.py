@@ -286,7 +286,7 @@ def agreed_precision(finished, decision, stored=None):
     if precision == "fp32":
         return {"flag": "", "precision": "fp32", "cpu": decision.get("cpu"),
                 "reason": f"fp32, the study's ({decision['precision']} on this machine otherwise)"}
-    what = f"its {len(runs)} finished runs" if runs else "its study.json"
+    what = f"its {len(runs)} finished run{'s' if len(runs) > 1 else ''}" if runs else "its study.json"
     raise SystemExit(f"study: {what} trained in {precision}, but this machine would train in "
                      f"{decision['precision']} ({decision['reason']}); a study trains every run in one precision. "
                      f"Continue it on {NATIVE.get(precision, 'a machine that runs ' + precision)}, or start "
