@@ -1,4 +1,5 @@
 """Shared fixtures: a small binarized EN-DE set cut from the committed sample, and model builders."""
+import functools
 import gzip
 import os
 import subprocess
@@ -23,6 +24,15 @@ def clean_env(**extra):
     env.setdefault("OMP_NUM_THREADS", "2")
     env.update(extra)
     return env
+
+
+@functools.lru_cache(maxsize=None)
+def machine_precision():
+    """The precision this machine trains in (fairseq_ext/tools/precision.py): bf16 where the CPU has native
+    bf16, else fp32 (tests that train choose by it: emulated bf16 is many times slower)."""
+    from fairseq_ext.tools.precision import choose
+
+    return choose()["precision"]
 
 
 def run(cmd, cwd=REPO, timeout=600, **env):

@@ -1,7 +1,7 @@
 """The shell recipes run end to end (tiny sizes, a few updates): what a user copies must work."""
 import os
 
-from conftest import REPO, clean_env, run
+from conftest import REPO, clean_env, machine_precision, run
 
 
 def test_one_wide_ffn_compare_recipe(tiny_data, tmp_path):
@@ -106,9 +106,7 @@ def test_train_recipe_allocator(tiny_data, tmp_path):
     import re
     import subprocess
 
-    from fairseq_ext.tools.precision import choose
-
-    precision = choose()["precision"]
+    precision = machine_precision()
     has_tcmalloc = "libtcmalloc_minimal.so.4 " in subprocess.run(["ldconfig", "-p"], capture_output=True,
                                                                   text=True).stdout
     logs = {}

@@ -18,20 +18,14 @@ import sys
 
 import pytest
 
-from conftest import REPO, clean_env
+from conftest import REPO, clean_env, machine_precision
 from matrix import USER_DIR
 
 HELPER = os.path.join(REPO, "tests", "train_with_faults.py")
 MAX_UPDATE = 40
 
 
-def _machine_precision():
-    from fairseq_ext.tools.precision import choose
-
-    return choose()["precision"]
-
-
-PRECISION = _machine_precision()  # bf16 or fp32 (a CPU: no fp16)
+PRECISION = machine_precision()  # bf16 or fp32 (a CPU: no fp16)
 
 
 def _args(data, save, max_update=MAX_UPDATE, arch="transformer_tiny", precision=PRECISION):

@@ -167,12 +167,10 @@ def prepare_encoder(model, dtype=torch.bfloat16):
                 m.weight.data = m.weight.data.to(torch.bfloat16)
             elif m.weight.dtype != torch.float32:
                 continue
-            if pack:
-                m._packed = _Packed(dtype, pack_weight(m.weight),
-                                    None if m.bias is None else m.bias.detach().to(dtype), m.weight._version)
-            elif dtype == torch.bfloat16:
-                m._packed = None  # no bf16 packing here (oneDNN's needs AVX-512): F.linear on the bf16 weight
             if pack or dtype == torch.bfloat16:  # a bf16 weight needs _packed_forward's casts outside autocast
+                # unpackable (oneDNN's bf16 product needs AVX-512): None, F.linear on the bf16 weight
+                m._packed = _Packed(dtype, pack_weight(m.weight), None if m.bias is None else
+                                    m.bias.detach().to(dtype), m.weight._version) if pack else None
                 m.forward = functools.partial(_packed_forward, m)  # (a bound method would not pickle)
         if pack:
             from fairseq.modules import MultiheadAttention
