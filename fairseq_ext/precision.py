@@ -17,7 +17,12 @@ autocast instead:
   whole batch: the value and gradient of fairseq's criterion;
 - FairseqDropout draws its mask by a counter-based hash (fairseq_ext/ops/dropout.py) instead of torch's
   `bernoulli_`, most of a CPU dropout call; the backward recomputes it from the seed;
-- validation stays fp32.
+- validation stays fp32;
+- on a CPU without native bf16 (neither avx512_bf16 nor amx_bf16: torch emulates a bf16 product there at
+  under 1 GFLOP/s, ~100x slower than fp32), each bf16 matrix product is computed in fp32 from its bf16
+  inputs and rounded back to bf16 (`Bf16ProductsInFp32`): the products of two bf16 numbers are exact in
+  fp32 and native bf16 kernels sum in fp32 too, so the result is the native one up to the order of the
+  sums, at fp32's speed. Every other op of the step is unchanged.
 The choice is logged once per process. `fairseq_ext.tools.precision` decides whether a CPU should train
 in bf16 at all (native bf16 instructions and a probe product that is faster than fp32); the recipes
 ask it (examples/train.sh).
@@ -29,10 +34,40 @@ import logging
 import torch
 import torch.nn.functional as F
 
+from torch.utils._python_dispatch import TorchDispatchMode
+
 from .ops.cross_entropy import label_smoothed_ce
 from .ops.dropout import hashed_dropout
+from .tools.precision import cpu_flags
 
 logger = logging.getLogger(__name__)
+
+aten = torch.ops.aten
+NATIVE_BF16_FLAGS = {"avx512_bf16", "amx_bf16"}
+
+
+@functools.lru_cache(maxsize=None)
+def native_bf16():
+    """Whether this CPU multiplies bf16 natively (avx512_bf16 or amx_bf16 in its flags)."""
+    return bool(cpu_flags() & NATIVE_BF16_FLAGS)
+
+
+class Bf16ProductsInFp32(TorchDispatchMode):
+    """Every CPU matrix product with a bf16 operand, inside this mode (forward and backward), computed in fp32
+    from the same bf16 values and rounded to bf16: the value of a native bf16 product (exact products, fp32
+    sums) up to the order of the sums, at fp32's speed on a CPU without native bf16. Other ops pass through."""
+
+    PRODUCTS = {aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default,
+                aten.addbmm.default, aten.mv.default, aten.addmv.default, aten.dot.default, aten.vdot.default,
+                aten._addmm_activation.default}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in self.PRODUCTS and any(isinstance(a, torch.Tensor) and a.dtype == torch.bfloat16
+                                         and a.device.type == "cpu" for a in args):
+            wide = [a.float() if isinstance(a, torch.Tensor) and a.dtype == torch.bfloat16 else a for a in args]
+            return func(*wide, **kwargs).bfloat16()
+        return func(*args, **kwargs)
 
 def cpu_autocast_dtype(cfg):
     """torch.bfloat16 when a trainer built from `cfg` trains with CPU autocast (--bf16, not on a
@@ -68,11 +103,22 @@ def _dropout_forward(self, x, inplace: bool = False):
     return x
 
 
+def fp32_products(dtype=torch.bfloat16):
+    """Whether cpu_autocast(dtype) computes its bf16 products in fp32 here (a CPU without native bf16)."""
+    return dtype == torch.bfloat16 and not native_bf16()
+
+
 @contextlib.contextmanager
-def cpu_autocast(dtype=torch.bfloat16):
+def cpu_autocast(dtype=torch.bfloat16, products=None):
     """The training forward's precision context: CPU autocast, attention in fp32, FairseqDropout as
-    hashed dropout (fairseq_ext/ops/dropout.py)."""
+    hashed dropout (fairseq_ext/ops/dropout.py); on a CPU without native bf16 (or products="fp32") its bf16
+    matrix products are computed in fp32 (Bf16ProductsInFp32). products: None (by the CPU), "fp32" or
+    "native"."""
     from fairseq.modules.fairseq_dropout import FairseqDropout
+
+    if products not in (None, "fp32", "native"):
+        raise ValueError(f"cpu_autocast: products={products!r}; use None, 'fp32' or 'native'")
+    wide = fp32_products(dtype) if products is None else (products == "fp32" and dtype == torch.bfloat16)
 
     orig_sdpa, orig_dropout = F.scaled_dot_product_attention, FairseqDropout.forward
     outer = getattr(orig_sdpa, "_fairseq_ext_fp32", False)
@@ -80,7 +126,7 @@ def cpu_autocast(dtype=torch.bfloat16):
         F.scaled_dot_product_attention = _sdpa_fp32(orig_sdpa)
         FairseqDropout.forward = _dropout_forward
     try:
-        with torch.autocast("cpu", dtype=dtype):
+        with torch.autocast("cpu", dtype=dtype), (Bf16ProductsInFp32() if wide else contextlib.nullcontext()):
             yield
     finally:
         if not outer:
@@ -184,7 +230,9 @@ def install():
             return train_step(self, samples, raise_oom)
         if not getattr(self, "_fairseq_ext_logged_precision", False):
             logger.info("--bf16 on CPU: training forward/backward under torch.autocast('cpu', bfloat16), "
-                        "fp32 weights, optimizer state, attention, softmax, loss and validation")
+                        "fp32 weights, optimizer state, attention, softmax, loss and validation"
+                        + ("; no native bf16 on this CPU: bf16 products computed in fp32 from the bf16 values"
+                           if fp32_products(dtype) else ""))
             self._fairseq_ext_logged_precision = True
         with cpu_autocast(dtype):
             return train_step(self, samples, raise_oom)

@@ -819,3 +819,33 @@ def test_decoding_ops_take_half_precision_inputs(dtype, caplog):
     logged = caplog.text
     for op in ("few_rows_linear", "sparse_ffn_decode", "compressed_attention_decode"):
         assert f"{op}: no cpu kernel for {dtype}" in logged, logged
+
+
+# every product Bf16ProductsInFp32 computes, at odd sizes (a transposed operand, a long sum among them)
+PRODUCT_CASES = [("mm", [(7, 33), (33, 13)]), ("mm", [(7, 1031), (13, 1031, "t")]),
+                 ("addmm", [(13,), (7, 33), (33, 13)]), ("bmm", [(3, 5, 17), (3, 17, 9)]),
+                 ("baddbmm", [(3, 5, 9), (3, 5, 17), (3, 17, 9)]), ("addbmm", [(5, 9), (3, 5, 17), (3, 17, 9)]),
+                 ("mv", [(7, 33), (33,)]), ("addmv", [(7,), (7, 33), (33,)]), ("dot", [(33,), (33,)])]
+
+
+@pytest.mark.parametrize("op,shapes", PRODUCT_CASES, ids=[f"{op}-{i}" for i, (op, _) in enumerate(PRODUCT_CASES)])
+def test_bf16_products_in_fp32_equal_the_rounded_exact_product(op, shapes):
+    """A bf16 product computed in fp32 (fairseq_ext/precision.py's mode for CPUs without native bf16) is the
+    exact product of the bf16 values rounded to bf16, as a native bf16 kernel's (exact products, fp32 sums):
+    within half a bf16 unit in the last place of the exact value (float64), equal to its rounding almost
+    everywhere (the fp32 sum may land on the other side of a tie); bf16 out; fp32 products pass untouched."""
+    from fairseq_ext.precision import Bf16ProductsInFp32
+
+    g = torch.Generator().manual_seed(len(shapes))
+    xs = [torch.randn(s[:2] if s[-1] == "t" else s, generator=g).bfloat16() for s in shapes]
+    xs = [x.t() if s[-1] == "t" else x for x, s in zip(xs, shapes)]
+    fn = getattr(torch, op)
+    with Bf16ProductsInFp32():
+        y = fn(*xs)
+        y32 = fn(*[x.float() for x in xs])
+    exact = fn(*[x.double() for x in xs])
+    assert y.dtype == torch.bfloat16 and y.shape == exact.shape
+    rel = ((y.double() - exact).abs() / exact.abs().clamp_min(1e-30)).max().item()
+    assert rel <= 2.0 ** -8 * 1.001, f"{op}: off the exact product by {rel:.2e} of it (half a bf16 ulp: {2 ** -8:.2e})"
+    assert (y == exact.bfloat16()).double().mean().item() >= 0.98
+    assert y32.dtype == torch.float32 and torch.equal(y32, fn(*[x.float() for x in xs]))

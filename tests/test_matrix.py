@@ -306,6 +306,47 @@ def test_half_precision_trainers_reduce_the_loss(arch, mode, tiny_data):
         assert all(p.dtype == torch.float32 for p in trainer.optimizer.fp32_params)
 
 
+@pytest.mark.parametrize("arch", ARCHS)
+def test_bf16_products_in_fp32_match_native_bf16(arch, tiny_data):
+    """On a CPU without native bf16, a --bf16 training step computes its bf16 matrix products in fp32 from the
+    bf16 values (fairseq_ext/precision.py, Bf16ProductsInFp32): the native bf16 step's logits and gradient up
+    to the order of the sums, and no product with a bf16 operand is left to torch (its emulation, ~100x
+    slower than fp32 there). Discrete choices are replayed from the native step (near-ties may round apart)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from fairseq_ext.modules.reversible import DecisionTape
+    from fairseq_ext.precision import Bf16ProductsInFp32, cpu_autocast
+
+    class Products(TorchDispatchMode):  # below Bf16ProductsInFp32: sees the products it passes on
+        def __init__(self):
+            super().__init__()
+            self.dtypes = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func in Bf16ProductsInFp32.PRODUCTS:
+                self.dtypes.append({a.dtype for a in args if isinstance(a, torch.Tensor)})
+            return func(*args, **(kwargs or {}))
+
+    _, task, model, _ = build(tiny_data, arch)
+    model.eval()  # no dropout: the two steps differ only in how the products are computed
+    sample = fixed_batch(task, n=5)
+    tape, results = DecisionTape(), {}
+    for products in ("native", "fp32"):
+        seen = Products()
+        with tape.active(replay=products == "fp32"), seen, cpu_autocast(products=products):
+            logits = model(**sample["net_input"])[0].float()
+            grads = _loss_and_grads(model, sample)
+        results[products] = logits, grads, seen.dtypes
+    (l_nat, g_nat, _), (l_fp32, g_fp32, dtypes) = results["native"], results["fp32"]
+    assert dtypes and all(torch.bfloat16 not in d for d in dtypes), dtypes
+    keep = sample["target"].ne(1)
+    err = (l_fp32 - l_nat).abs().amax(-1)[keep].max().item() / l_nat.abs().max().item()
+    cos = torch.nn.functional.cosine_similarity(g_fp32, g_nat, dim=0).item()
+    # one bf16 rounding that the order of the sums flips (0.4-0.8%) can grow through the layers: up to 4% of the
+    # logits' maximum seen at a few positions, half of what bf16 may differ from fp32 (LOGIT_TOL)
+    assert err <= LOGIT_TOL[torch.bfloat16] / 2 and cos >= 0.999, f"logits differ by {err:.4f} of their maximum, gradient cosine {cos:.4f}"
+
+
 # every translation arch, and LSH attention with chunks of 5 positions (its chunked path on these sentences)
 BATCH_CASES = [(a, ()) for a in ARCHS if not is_lm(a)] + [("terraformer_lsh_tiny", ("--lsh-chunk", "5"))]
 

@@ -190,23 +190,28 @@ def test_claim_is_exclusive_and_dies_with_its_process(tmp_path):
 
 def test_a_study_keeps_one_precision_across_machines(tmp_path, monkeypatch):
     """A study's runs share one precision: a fresh OUT takes the precision of the finished runs (here the
-    published ones), not this machine's choice; a machine without a fast path for it (bf16 on a CPU without
-    native bf16) stops before any run, naming the fix, also for an OUT carried over with its study.json;
-    fp32 runs anywhere; runs that already disagree are an error. Each run's file records the machine it
-    trained on, not the one that wrote study.json."""
+    published ones), not this machine's choice, also for an OUT carried over with its study.json; fp32 and
+    bf16 run on any CPU (bf16 without native bf16: products computed in fp32, recorded in each run's file),
+    fp16 stops before any run where there is no CUDA device, naming the fix; runs that already disagree are an
+    error. Each run's file records the machine it trained on, not the one that wrote study.json."""
     from fairseq_ext.tools import study as st
 
     bf16 = {"flag": "--bf16", "precision": "bf16", "cpu": "CPU A", "reason": "bf16 autocast: CPU A has avx512_bf16"}
     fp32 = {"flag": "", "precision": "fp32", "cpu": "CPU B", "reason": "fp32: CPU B has no native bf16"}
+    fp16 = {"flag": "--fp16", "precision": "fp16", "reason": "CUDA device G: fp16 mixed precision"}
     assert st.agreed_precision({}, fp32) == fp32  # a new study: this machine's choice
     assert st.agreed_precision({"bf16": ["r1"]}, bf16) == bf16
     carried = bf16 | {"cpu": "CPU C"}
     assert st.agreed_precision({"bf16": ["r1"]}, bf16, stored=carried) == carried  # study.json's stays
     kept = st.agreed_precision({"fp32": ["r1"]}, bf16)
     assert kept["precision"] == "fp32" and kept["flag"] == ""  # fp32 runs on a bf16 machine too
-    for finished, stored, what in (({"bf16": ["r1", "r2"]}, None, "its 2 finished runs"), ({}, bf16, "its study.json")):
-        with pytest.raises(SystemExit, match=f"{what} trained in bf16, but this machine would train in fp32 "
-                                             r"\(fp32: CPU B has no native bf16\).*avx512_bf16 or amx_bf16.*"
+    for finished, stored in (({"bf16": ["r1", "r2"]}, None), ({}, bf16)):  # bf16 on a CPU without native bf16
+        kept = st.agreed_precision(finished, fp32, stored)
+        assert kept["precision"] == "bf16" and kept["flag"] == "--bf16" and kept["cpu"] == "CPU B"
+        assert "CPU B has no native bf16" in kept["reason"] and "computed in fp32" in kept["reason"]
+    for finished, stored, what in (({"fp16": ["r1", "r2"]}, None, "its 2 finished runs"), ({}, fp16, "its study.json")):
+        with pytest.raises(SystemExit, match=f"{what} trained in fp16, but this machine would train in fp32 "
+                                             r"\(fp32: CPU B has no native bf16\).*a CUDA device.*"
                                              "another OUT folder and --publish folder"):
             st.agreed_precision(finished, fp32, stored)
     for finished, stored in (({"bf16": ["r1"], "fp32": ["r2"]}, None), ({"fp32": ["r2"]}, bf16)):
@@ -217,24 +222,27 @@ def test_a_study_keeps_one_precision_across_machines(tmp_path, monkeypatch):
     published = tmp_path / "published"
     published.mkdir()
     (published / "copy_transformer-lr1e-3-s1.json").write_text(json.dumps({"name": "copy_transformer-lr1e-3-s1",
-                                                                            "precision": "bf16"}))
+                                                                            "precision": "fp16"}))
     monkeypatch.setattr(st, "choose", lambda: dict(fp32))
     study = st.Study(tmp_path / "out", st.PROTOCOLS["tiny"], publish=str(published), only={"copy_terraformer"})
-    with pytest.raises(SystemExit, match="its 1 finished run trained in bf16"):
+    with pytest.raises(SystemExit, match="its 1 finished run trained in fp16"):
         study.setup()
     assert not (tmp_path / "out" / "study.json").exists()
+    (published / "copy_transformer-lr1e-3-s1.json").write_text(json.dumps({"name": "copy_transformer-lr1e-3-s1",
+                                                                            "precision": "bf16"}))
     monkeypatch.setattr(st, "choose", lambda: dict(bf16))
     study.setup()
     assert json.loads((tmp_path / "out" / "study.json").read_text())["precision"] == bf16
     monkeypatch.setattr(st, "choose", lambda: dict(fp32))  # the same OUT, carried to a machine without bf16
-    again = st.Study(tmp_path / "out", st.PROTOCOLS["tiny"], only={"copy_terraformer"})
-    with pytest.raises(SystemExit, match="its study.json trained in bf16"):
-        again.setup()
     monkeypatch.setattr(st, "cpu_model", lambda: "CPU D")
-    monkeypatch.setattr(st, "choose", lambda: dict(bf16))
+    monkeypatch.setattr(st, "fp32_products", lambda: True)
+    again = st.Study(tmp_path / "out", st.PROTOCOLS["tiny"], only={"copy_terraformer"})
     again.setup()
+    assert again.meta["precision"] == bf16  # study.json's decision stays
     facts = again.run_facts(str(tmp_path), {"train": []})
-    assert facts["precision"] == "bf16" and facts["cpu"] == "CPU D"
+    assert (facts["precision"], facts["cpu"], facts["bf16_products"]) == ("bf16", "CPU D", "fp32")
+    monkeypatch.setattr(st, "fp32_products", lambda: False)
+    assert again.run_facts(str(tmp_path), {"train": []})["bf16_products"] == "native"
 
 
 def test_plan_orders_seeds_then_ablations_then_generalisation_tasks(tmp_path):

@@ -35,6 +35,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
 
+from ..precision import fp32_products
 from .precision import choose, cpu_model
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -259,16 +260,16 @@ def synthetic_convergence(evals, s):
     return None
 
 
-NATIVE = {"bf16": "a CPU with native bf16 (avx512_bf16 or amx_bf16 in lscpu's flags)", "fp16": "a CUDA device"}
+NATIVE = {"fp16": "a CUDA device"}
 
 
 def agreed_precision(finished, decision, stored=None):
     """The precision decision the study's next runs train with. `finished`: {precision: [run names]} of the
     study's finished runs; `decision`: this machine's choice (fairseq_ext.tools.precision.choose()); `stored`:
     the decision of the study's study.json, if any. A study with neither takes this machine's choice; else its
-    runs' precision holds: fp32 runs anywhere, bf16 and fp16 only where this machine would choose them itself
-    (a CPU without native bf16 emulates it about 100x slower than fp32). Raises SystemExit, naming the fix,
-    where the study's precisions disagree or this machine has no fast path for the study's."""
+    runs' precision holds: fp32 and bf16 run on any CPU (without native bf16, a bf16 run's products are
+    computed in fp32 from the bf16 values: fairseq_ext/precision.py), fp16 only on a CUDA device. Raises
+    SystemExit, naming the fix, where the study's precisions disagree or this machine cannot run the study's."""
     have = {p: list(names) for p, names in finished.items()}
     if stored is not None:
         have.setdefault(stored["precision"], []).insert(0, "study.json")
@@ -286,6 +287,10 @@ def agreed_precision(finished, decision, stored=None):
     if precision == "fp32":
         return {"flag": "", "precision": "fp32", "cpu": decision.get("cpu"),
                 "reason": f"fp32, the study's ({decision['precision']} on this machine otherwise)"}
+    if precision == "bf16" and decision["precision"] != "fp16":
+        return {"flag": "--bf16", "precision": "bf16", "cpu": decision.get("cpu"),
+                "reason": f"bf16 autocast, the study's ({decision['reason']}; its bf16 products are computed in "
+                          f"fp32 from the bf16 values, the native products' value up to the order of the sums)"}
     what = f"its {len(runs)} finished run{'s' if len(runs) > 1 else ''}" if runs else "its study.json"
     raise SystemExit(f"study: {what} trained in {precision}, but this machine would train in "
                      f"{decision['precision']} ({decision['reason']}); a study trains every run in one precision. "
@@ -701,6 +706,8 @@ class Study:
             "train_tokens_per_s": statistics.median(wps) if wps else None,
             "train_seconds": round(float(open(clock).read())) if os.path.exists(clock) else None,
             "precision": self.meta["precision"]["precision"], "cpu": cpu_model(),  # this machine's
+            **({"bf16_products": "fp32" if fp32_products() else "native"}
+               if self.meta["precision"]["precision"] == "bf16" else {}),
             "threads": int(os.environ.get("OMP_NUM_THREADS", 0)) or os.cpu_count(),
             "git": git_rev(), "finished": time.strftime("%Y-%m-%d %H:%M"),
         }
