@@ -43,6 +43,9 @@ from .tools.precision import cpu_flags
 logger = logging.getLogger(__name__)
 
 aten = torch.ops.aten
+# the precision line a --bf16 training run logs once per process (the study reads them back: tools/study.py)
+BF16_LINE = "--bf16 on CPU: training forward/backward under torch.autocast('cpu', bfloat16)"
+FP32_PRODUCTS_LINE = "no native bf16 on this CPU: bf16 products computed in fp32 from the bf16 values"
 NATIVE_BF16_FLAGS = {"avx512_bf16", "amx_bf16"}
 
 
@@ -229,10 +232,8 @@ def install():
         if dtype is None:
             return train_step(self, samples, raise_oom)
         if not getattr(self, "_fairseq_ext_logged_precision", False):
-            logger.info("--bf16 on CPU: training forward/backward under torch.autocast('cpu', bfloat16), "
-                        "fp32 weights, optimizer state, attention, softmax, loss and validation"
-                        + ("; no native bf16 on this CPU: bf16 products computed in fp32 from the bf16 values"
-                           if fp32_products(dtype) else ""))
+            logger.info(BF16_LINE + ", fp32 weights, optimizer state, attention, softmax, loss and validation"
+                        + (f"; {FP32_PRODUCTS_LINE}" if fp32_products(dtype) else ""))
             self._fairseq_ext_logged_precision = True
         with cpu_autocast(dtype):
             return train_step(self, samples, raise_oom)

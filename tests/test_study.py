@@ -243,6 +243,13 @@ def test_a_study_keeps_one_precision_across_machines(tmp_path, monkeypatch):
     assert (facts["precision"], facts["cpu"], facts["bf16_products"]) == ("bf16", "CPU D", "fp32")
     monkeypatch.setattr(st, "fp32_products", lambda: False)
     assert again.run_facts(str(tmp_path), {"train": []})["bf16_products"] == "native"
+    # a run carried across machines: each fairseq-train call logs how it computed its products
+    from fairseq_ext.precision import BF16_LINE, FP32_PRODUCTS_LINE
+
+    calls = [f"INFO | {BF16_LINE}, fp32 weights ...; {FP32_PRODUCTS_LINE}\n", f"INFO | {BF16_LINE}, fp32 weights ...\n"]
+    for lines, products in ((calls[:1], "fp32"), (calls[1:], "native"), (calls, "fp32 in 1 of 2 training calls")):
+        (tmp_path / "train.log").write_text("".join(lines))
+        assert again.run_facts(str(tmp_path), {"train": []})["bf16_products"] == products
 
 
 def test_plan_orders_seeds_then_ablations_then_generalisation_tasks(tmp_path):

@@ -8,7 +8,8 @@
   probe product (1,024 x 1,024 x 1,024, one thread, median of 5) runs at least MIN_SPEEDUP times faster
   in bf16 than in fp32: `--bf16`, which with this package means bf16 autocast with fp32 weights
   (fairseq_ext/precision.py);
-- otherwise fp32 (no flag): a CPU without native bf16 emulates it, and fp32 is faster there.
+- otherwise fp32 (no flag): a CPU without native bf16 has no faster product than fp32's (`--bf16` there computes
+  its bf16 products in fp32, fairseq_ext/precision.py: the same speed at best).
 The recipes ask this tool (examples/train.sh); PRECISION=fp32|bf16|fp16 overrides it.
 """
 import argparse

@@ -35,7 +35,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
 
-from ..precision import fp32_products
+from ..precision import BF16_LINE, FP32_PRODUCTS_LINE, fp32_products
 from .precision import choose, cpu_model
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -296,6 +296,22 @@ def agreed_precision(finished, decision, stored=None):
                      f"{decision['precision']} ({decision['reason']}); a study trains every run in one precision. "
                      f"Continue it on {NATIVE.get(precision, 'a machine that runs ' + precision)}, or start "
                      f"another study: another OUT folder and --publish folder")
+
+
+def bf16_products(train_log):
+    """How a bf16 run's products were computed, from its fairseq-train calls' precision lines (a run carried
+    across machines may differ between calls): "native", "fp32" (a CPU without native bf16:
+    fairseq_ext/precision.py), or "fp32 in K of N training calls"; this machine's where the log has no line."""
+    calls = fp32 = 0
+    if os.path.exists(train_log):
+        with open(train_log, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if BF16_LINE in line:
+                    calls += 1
+                    fp32 += FP32_PRODUCTS_LINE in line
+    if not calls:
+        return "fp32" if fp32_products() else "native"
+    return "native" if not fp32 else "fp32" if fp32 == calls else f"fp32 in {fp32} of {calls} training calls"
 
 
 def run_name(config, lr, seed):
@@ -706,7 +722,7 @@ class Study:
             "train_tokens_per_s": statistics.median(wps) if wps else None,
             "train_seconds": round(float(open(clock).read())) if os.path.exists(clock) else None,
             "precision": self.meta["precision"]["precision"], "cpu": cpu_model(),  # this machine's
-            **({"bf16_products": "fp32" if fp32_products() else "native"}
+            **({"bf16_products": bf16_products(os.path.join(save, "train.log"))}
                if self.meta["precision"]["precision"] == "bf16" else {}),
             "threads": int(os.environ.get("OMP_NUM_THREADS", 0)) or os.cpu_count(),
             "git": git_rev(), "finished": time.strftime("%Y-%m-%d %H:%M"),
