@@ -62,14 +62,19 @@ class Bf16ProductsInFp32(TorchDispatchMode):
 
     PRODUCTS = {aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default,
                 aten.addbmm.default, aten.mv.default, aten.addmv.default, aten.dot.default, aten.vdot.default,
-                aten._addmm_activation.default}
+                aten._addmm_activation.default,
+                # convolutions (the sparse QKV's): forward, and backward's input / weight / bias gradients
+                aten.convolution.default, aten.convolution_backward.default}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func in self.PRODUCTS and any(isinstance(a, torch.Tensor) and a.dtype == torch.bfloat16
                                          and a.device.type == "cpu" for a in args):
             wide = [a.float() if isinstance(a, torch.Tensor) and a.dtype == torch.bfloat16 else a for a in args]
-            return func(*wide, **kwargs).bfloat16()
+            out = func(*wide, **kwargs)
+            if isinstance(out, tuple):  # convolution_backward: (grad input, grad weight, grad bias), None if unasked
+                return tuple(None if o is None else o.bfloat16() for o in out)
+            return out.bfloat16()
         return func(*args, **kwargs)
 
 def cpu_autocast_dtype(cfg):

@@ -7,6 +7,7 @@ Op tests run on every device this machine has: CPU here and in CI; CPU and CUDA 
 (scripts/gpu_check.sh runs `-k cuda` there, with FAIRSEQ_EXT_OPS_ONLY=1 when its Python has no
 fairseq). The CUDA sources are compiled with nvcc here too (test_cuda_sources_compile), so they
 cannot rot on CPU-only CI."""
+import functools
 import glob
 import os
 import shutil
@@ -825,21 +826,23 @@ def test_decoding_ops_take_half_precision_inputs(dtype, caplog):
 PRODUCT_CASES = [("mm", [(7, 33), (33, 13)]), ("mm", [(7, 1031), (13, 1031, "t")]),
                  ("addmm", [(13,), (7, 33), (33, 13)]), ("bmm", [(3, 5, 17), (3, 17, 9)]),
                  ("baddbmm", [(3, 5, 9), (3, 5, 17), (3, 17, 9)]), ("addbmm", [(5, 9), (3, 5, 17), (3, 17, 9)]),
-                 ("mv", [(7, 33), (33,)]), ("addmv", [(7,), (7, 33), (33,)]), ("dot", [(33,), (33,)])]
+                 ("mv", [(7, 33), (33,)]), ("addmv", [(7,), (7, 33), (33,)]), ("dot", [(33,), (33,)]),
+                 ("conv1d", [(2, 6, 11), (4, 3, 5), (4,)], {"groups": 2, "padding": 2})]
 
 
-@pytest.mark.parametrize("op,shapes", PRODUCT_CASES, ids=[f"{op}-{i}" for i, (op, _) in enumerate(PRODUCT_CASES)])
-def test_bf16_products_in_fp32_equal_the_rounded_exact_product(op, shapes):
+@pytest.mark.parametrize("case", PRODUCT_CASES, ids=[f"{c[0]}-{i}" for i, c in enumerate(PRODUCT_CASES)])
+def test_bf16_products_in_fp32_equal_the_rounded_exact_product(case):
     """A bf16 product computed in fp32 (fairseq_ext/precision.py's mode for CPUs without native bf16) is the
     exact product of the bf16 values rounded to bf16, as a native bf16 kernel's (exact products, fp32 sums):
     within half a bf16 unit in the last place of the exact value (float64), equal to its rounding almost
     everywhere (the fp32 sum may land on the other side of a tie); bf16 out; fp32 products pass untouched."""
     from fairseq_ext.precision import Bf16ProductsInFp32
 
+    op, shapes, kwargs = case if len(case) == 3 else (*case, {})
     g = torch.Generator().manual_seed(len(shapes))
     xs = [torch.randn(s[:2] if s[-1] == "t" else s, generator=g).bfloat16() for s in shapes]
     xs = [x.t() if s[-1] == "t" else x for x, s in zip(xs, shapes)]
-    fn = getattr(torch, op)
+    fn = functools.partial(getattr(torch, op), **kwargs)
     with Bf16ProductsInFp32():
         y = fn(*xs)
         y32 = fn(*[x.float() for x in xs])
