@@ -120,6 +120,9 @@ PRESETS = {
     # the study's configurations (docs/results) at the study's dims, fp32 and bf16 autocast, one thread (as each
     # study process trains): the training-speed column of the study's table (ratios to the baseline in this run)
     "train_study": (train_precision, STUDY_MODELS[0], STUDY_MODELS[1:], ["--threads", "1"]),
+    # ... with bf16 products computed in fp32 (--bf16 on a CPU without native bf16): the study's speed there
+    "train_study_fp32_products": (train_precision, STUDY_MODELS[0], STUDY_MODELS[1:],
+                                  ["--threads", "1", "--bf16-products", "fp32"]),
     # ... and their decoding speed (fairseq's generator, beam 5, one thread), unbatched and at batch 64: the
     # decoding-speed column of the study's table (batch 64; ratios to the baseline in this run)
     "decode_study": (decode_speed, STUDY_MODELS[0], STUDY_MODELS[1:],

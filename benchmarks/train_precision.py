@@ -2,13 +2,15 @@
 Trainer (what fairseq-train runs: forward, backward, clipping, Adam), on real batches of a binarized corpus.
 
     python benchmarks/train_precision.py [--data DATA_BIN] [--models NAME=ARCH@FLAGS ...] [--threads N]
-        [--batches 4] [--repeats 3] [--tokens 4096] [--name train_precision]
+        [--batches 4] [--repeats 3] [--tokens 4096] [--bf16-products auto|fp32] [--name train_precision]
 
 For each model two trainers are built from the same flags, one with --bf16; both train on the same batches,
 interleaved (fp32, bf16, fp32, ... with a warm-up round), from the same initial weights. Reported: target
 tokens/s of each (median over rounds) and the bf16/fp32 ratio per round (median, min-max). Default models:
 the recipes' small dims (examples/small_dims.sh: 4+2 layers, d 256, FFN 1,024) for the baseline and each
 main architecture. Default data: data/en-de-sample binarized into runs/bench-data (made once).
+--bf16-products fp32 computes the bf16 products in fp32 from the bf16 values on any CPU (what --bf16 does on a
+CPU without native bf16, fairseq_ext/precision.py); auto: natively where the CPU has native bf16.
 Writes docs/benchmarks/<name>.{json,md}.
 """
 import argparse
@@ -70,12 +72,14 @@ def run(models, data, batches, repeats, tokens, threads):
     result = {"kind": "train_precision", "settings": {"batches": batches, "repeats": repeats, "tokens": tokens,
                                                       "threads": threads, "data": os.path.relpath(data, common.REPO)},
               "machine": common.machine_info(threads), "models": {}}
+    from fairseq_ext.precision import fp32_products
     from fairseq_ext.tools.precision import choose
 
     result["precision_choice"] = choose()
     cpu_flags = __import__("fairseq_ext.tools.precision", fromlist=["cpu_flags"]).cpu_flags()
     result["machine"]["bf16_flags"] = sorted(cpu_flags & {"avx512_bf16", "amx_bf16"})
     result["machine"]["isa_flags"] = sorted(cpu_flags & {"avx512_bf16", "amx_bf16", "avx512f", "avx2"})
+    result["machine"]["bf16_products"] = "fp32" if fp32_products() else "native"
     for spec in models:
         name, model_spec = common.split_label(spec)
         arch, flags = common.split_spec(model_spec)
@@ -114,8 +118,9 @@ def table(result):
             for name, r in result["models"].items()]
     head = (f"Training step through fairseq's Trainer (forward, backward, Adam), fp32 vs bf16 autocast "
             f"(`--bf16` on CPU), {s['batches']} real batches of ≤ {s['tokens']} tokens ({s['data']}), "
-            f"{s['repeats']} interleaved rounds, {s['threads']} thread(s), {m['processor']} ({flags}); "
-            f"precision the recipes choose here: {result['precision_choice']['reason']}\n\n")
+            f"{s['repeats']} interleaved rounds, {s['threads']} thread(s), {m['processor']} ({flags}"
+            + ("; no native bf16: its bf16 products computed in fp32" if m.get("bf16_products") == "fp32" else "")
+            + f"); precision the recipes choose here: {result['precision_choice']['reason']}\n\n")
     return head + common.markdown_table(["model", "params", "fp32 tokens/s", "bf16 tokens/s", "bf16 / fp32 (min–max)"],
                                         rows)
 
@@ -135,6 +140,8 @@ def parser(doc, models, name):
     p.add_argument("--quick", action="store_true", help="1 batch of 512 tokens, 1 round: a smoke run")
     p.add_argument("--name", default=name)
     p.add_argument("--out-dir", default=common.DOCS)
+    p.add_argument("--bf16-products", choices=["auto", "fp32"], default="auto",
+                   help="fp32: bf16 products computed in fp32 even on a CPU with native bf16")
     return p
 
 
@@ -151,6 +158,10 @@ def settle(args):
 def main(argv=None):
     args = parser(__doc__, MODELS, "train_precision").parse_args(argv)
     data, threads = settle(args)
+    if args.bf16_products == "fp32":
+        from fairseq_ext import precision
+
+        precision.native_bf16 = lambda: False  # the path of a CPU without native bf16
     result = run(args.models, data, args.batches, args.repeats, args.tokens, threads)
     path = common.publish(args.name, result, table(result), args.out_dir)
     print(f"\nwrote {path} (+ .md)")
