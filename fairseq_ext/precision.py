@@ -19,8 +19,8 @@ autocast instead:
   `bernoulli_`, most of a CPU dropout call; the backward recomputes it from the seed;
 - validation stays fp32;
 - on a CPU without native bf16 (neither avx512_bf16 nor amx_bf16: torch emulates a bf16 product there at
-  under 1 GFLOP/s, ~100x slower than fp32), each bf16 matrix product is computed in fp32 from its bf16
-  inputs and rounded back to bf16 (`Bf16ProductsInFp32`): the products of two bf16 numbers are exact in
+  under 1 GFLOP/s, ~100x slower than fp32), each bf16 matrix product and convolution (forward and backward)
+  is computed in fp32 from its bf16 inputs and rounded back to bf16 (`Bf16ProductsInFp32`): the products of two bf16 numbers are exact in
   fp32 and native bf16 kernels sum in fp32 too, so the result is the native one up to the order of the
   sums, at fp32's speed. Every other op of the step is unchanged.
 The choice is logged once per process. `fairseq_ext.tools.precision` decides whether a CPU should train
@@ -33,12 +33,11 @@ import logging
 
 import torch
 import torch.nn.functional as F
-
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .ops.cross_entropy import label_smoothed_ce
 from .ops.dropout import hashed_dropout
-from .tools.precision import cpu_flags
+from .tools.precision import NATIVE_BF16_FLAGS, cpu_flags
 
 logger = logging.getLogger(__name__)
 
@@ -46,7 +45,6 @@ aten = torch.ops.aten
 # the precision line a --bf16 training run logs once per process (the study reads them back: tools/study.py)
 BF16_LINE = "--bf16 on CPU: training forward/backward under torch.autocast('cpu', bfloat16)"
 FP32_PRODUCTS_LINE = "no native bf16 on this CPU: bf16 products computed in fp32 from the bf16 values"
-NATIVE_BF16_FLAGS = {"avx512_bf16", "amx_bf16"}
 
 
 @functools.lru_cache(maxsize=None)
@@ -76,6 +74,7 @@ class Bf16ProductsInFp32(TorchDispatchMode):
                 return tuple(None if o is None else o.bfloat16() for o in out)
             return out.bfloat16()
         return func(*args, **kwargs)
+
 
 def cpu_autocast_dtype(cfg):
     """torch.bfloat16 when a trainer built from `cfg` trains with CPU autocast (--bf16, not on a

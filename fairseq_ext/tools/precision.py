@@ -20,6 +20,7 @@ import time
 
 MIN_SPEEDUP = 1.3
 PROBE = 1024
+NATIVE_BF16_FLAGS = {"avx512_bf16", "amx_bf16"}  # /proc/cpuinfo flags of a CPU with native bf16 products
 
 
 def cpu_flags():
@@ -76,7 +77,7 @@ def choose():
         return {"flag": "--fp16", "precision": "fp16",
                 "reason": f"CUDA device {torch.cuda.get_device_name(0)}: fp16 mixed precision"}
     model = cpu_model()
-    native = sorted(cpu_flags() & {"avx512_bf16", "amx_bf16"})
+    native = sorted(cpu_flags() & NATIVE_BF16_FLAGS)
     if not native:
         return {"flag": "", "precision": "fp32", "cpu": model,
                 "reason": f"fp32: {model} has no native bf16 (neither avx512_bf16 nor amx_bf16 in its flags)"}
