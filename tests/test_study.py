@@ -205,10 +205,15 @@ def test_a_study_keeps_one_precision_across_machines(tmp_path, monkeypatch):
     assert st.agreed_precision({"bf16": ["r1"]}, bf16, stored=carried) == carried  # study.json's stays
     kept = st.agreed_precision({"fp32": ["r1"]}, bf16)
     assert kept["precision"] == "fp32" and kept["flag"] == ""  # fp32 runs on a bf16 machine too
+    monkeypatch.setattr(st, "fp32_products", lambda: True)
     for finished, stored in (({"bf16": ["r1", "r2"]}, None), ({}, bf16)):  # bf16 on a CPU without native bf16
         kept = st.agreed_precision(finished, fp32, stored)
         assert kept["precision"] == "bf16" and kept["flag"] == "--bf16" and kept["cpu"] == "CPU B"
         assert "CPU B has no native bf16" in kept["reason"] and "computed in fp32" in kept["reason"]
+    monkeypatch.setattr(st, "fp32_products", lambda: False)  # native bf16, but a probe product too slow for it
+    slow = dict(fp32, reason="fp32: CPU E has avx512_bf16 but a bf16 product ran only 1.10x fp32's speed")
+    kept = st.agreed_precision({"bf16": ["r1"]}, slow)
+    assert kept["flag"] == "--bf16" and "1.10x" in kept["reason"] and "computed in fp32" not in kept["reason"]
     for finished, stored, what in (({"fp16": ["r1", "r2"]}, None, "its 2 finished runs"), ({}, fp16, "its study.json")):
         with pytest.raises(SystemExit, match=f"{what} trained in fp16, but this machine would train in fp32 "
                                              r"\(fp32: CPU B has no native bf16\).*a CUDA device.*"

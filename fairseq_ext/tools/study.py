@@ -287,10 +287,11 @@ def agreed_precision(finished, decision, stored=None):
     if precision == "fp32":
         return {"flag": "", "precision": "fp32", "cpu": decision.get("cpu"),
                 "reason": f"fp32, the study's ({decision['precision']} on this machine otherwise)"}
-    if precision == "bf16" and decision["precision"] != "fp16":
+    if precision == "bf16" and decision["precision"] != "fp16":  # this CPU chose fp32: no native bf16, or slow
+        how = ("; its bf16 products are computed in fp32 from the bf16 values, the native products' value up to the "
+               "order of the sums") if fp32_products() else ""
         return {"flag": "--bf16", "precision": "bf16", "cpu": decision.get("cpu"),
-                "reason": f"bf16 autocast, the study's ({decision['reason']}; its bf16 products are computed in "
-                          f"fp32 from the bf16 values, the native products' value up to the order of the sums)"}
+                "reason": f"bf16 autocast, the study's ({decision['reason']}{how})"}
     what = f"its {len(runs)} finished run{'s' if len(runs) > 1 else ''}" if runs else "its study.json"
     raise SystemExit(f"study: {what} trained in {precision}, but this machine would train in "
                      f"{decision['precision']} ({decision['reason']}); a study trains every run in one precision. "
