@@ -73,12 +73,12 @@ def run(models, data, batches, repeats, tokens, threads):
                                                       "threads": threads, "data": os.path.relpath(data, common.REPO)},
               "machine": common.machine_info(threads), "models": {}}
     from fairseq_ext.precision import fp32_products
-    from fairseq_ext.tools.precision import choose
+    from fairseq_ext.tools.precision import NATIVE_BF16_FLAGS, choose, cpu_flags
 
     result["precision_choice"] = choose()
-    cpu_flags = __import__("fairseq_ext.tools.precision", fromlist=["cpu_flags"]).cpu_flags()
-    result["machine"]["bf16_flags"] = sorted(cpu_flags & {"avx512_bf16", "amx_bf16"})
-    result["machine"]["isa_flags"] = sorted(cpu_flags & {"avx512_bf16", "amx_bf16", "avx512f", "avx2"})
+    flags = cpu_flags()
+    result["machine"]["bf16_flags"] = sorted(flags & NATIVE_BF16_FLAGS)
+    result["machine"]["isa_flags"] = sorted(flags & (NATIVE_BF16_FLAGS | {"avx512f", "avx2"}))
     result["machine"]["bf16_products"] = "fp32" if fp32_products() else "native"
     for spec in models:
         name, model_spec = common.split_label(spec)

@@ -20,9 +20,9 @@ autocast instead:
 - validation stays fp32;
 - on a CPU without native bf16 (neither avx512_bf16 nor amx_bf16: torch emulates a bf16 product there at
   under 1 GFLOP/s, ~100x slower than fp32), each bf16 matrix product and convolution (forward and backward)
-  is computed in fp32 from its bf16 inputs and rounded back to bf16 (`Bf16ProductsInFp32`): the products of two bf16 numbers are exact in
-  fp32 and native bf16 kernels sum in fp32 too, so the result is the native one up to the order of the
-  sums, at fp32's speed. Every other op of the step is unchanged.
+  is computed in fp32 from its bf16 inputs and rounded back to bf16 (`Bf16ProductsInFp32`): the products of
+  two bf16 numbers are exact in fp32 and native bf16 kernels sum in fp32 too, so the result is the native
+  one up to the order of the sums, at fp32's speed. Every other op of the step is unchanged.
 The choice is logged once per process. `fairseq_ext.tools.precision` decides whether a CPU should train
 in bf16 at all (native bf16 instructions and a probe product that is faster than fp32); the recipes
 ask it (examples/train.sh).
