@@ -3,6 +3,9 @@ VENV ?= .venv
 PY := $(CURDIR)/$(VENV)/bin/python
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 PYTEST_ARGS ?=
+# make test's parallel pytest workers (pytest-xdist): one per core, at most 4 (each test process and the
+# commands it starts then use cores/workers threads: tests/conftest.py); 0 runs the suite in one process
+TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); [ $$n -gt 4 ] && n=4; [ $$n -gt 1 ] && echo $$n || echo 0)
 
 .PHONY: venv help lint test demo study docs bench bench-quick data-full clean-data
 
@@ -19,10 +22,10 @@ lint: venv
 	$(VENV)/bin/ruff check .
 
 # The test command (README, .ci/run). pytest exits 5 when it collected no test: that is a failure too.
-## test         the test suite (PYTEST_ARGS=... passes flags to pytest; installs CTranslate2 for the benchmark tests)
+## test         the test suite on every core (TEST_WORKERS=0: one process; PYTEST_ARGS=... to pytest; installs CTranslate2)
 test:
 	BENCH=1 ./scripts/bootstrap.sh
-	$(PY) -m pytest tests $(PYTEST_ARGS)
+	$(PY) -m pytest tests -n $(TEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
 
 ## demo         train two tiny models, translate and score with them and with the shipped checkpoints
 demo: venv

@@ -96,7 +96,7 @@ setup(
         # requirements are numpy, pyyaml, setuptools (no torch). psutil: memory sampling; matplotlib: plots.
         "bench": ["ctranslate2>=4.8,<5", "pyyaml", "psutil", "matplotlib"],
         # the test suite (tests/ of the repository) and the data recipes it runs
-        "test": ["pytest>=7", "sentencepiece", "subword-nmt", "psutil", "matplotlib"],
+        "test": ["pytest>=7", "pytest-xdist", "sentencepiece", "subword-nmt", "psutil", "matplotlib"],
         # examples/: tokenizers of examples/data/tokenize_corpus.py, plots of the study and analysis tools
         "recipes": ["sentencepiece", "subword-nmt", "matplotlib"],
         "lint": ["ruff>=0.4"],

@@ -14,14 +14,26 @@ USER_DIR = os.path.join(REPO, "fairseq_ext")
 SAMPLE = os.path.join(REPO, "data", "en-de-sample")
 BIN = os.path.dirname(sys.executable)  # .venv/bin: fairseq-train etc.
 
-torch.set_num_threads(min(2, os.cpu_count() or 1))
+# Threads of this test process and of the commands it runs: the cores shared among pytest-xdist's workers
+# (`make test` runs one worker per core), at most 2.
+THREADS = max(1, min(2, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))))
+torch.set_num_threads(THREADS)
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "heavy: takes a minute or more; scheduled first (pytest_collection_modifyitems)")
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """The heavy tests first, so that `make test`'s parallel workers do not end waiting on one of them."""
+    items.sort(key=lambda item: item.get_closest_marker("heavy") is None)
 
 
 def clean_env(**extra):
     """The environment of a CLI run: no torch.load override anywhere (checkpoints must load as is)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_FORCE_")}
     env["PATH"] = BIN + os.pathsep + env.get("PATH", "")
-    env.setdefault("OMP_NUM_THREADS", "2")
+    env.setdefault("OMP_NUM_THREADS", str(THREADS))
     env.update(extra)
     return env
 

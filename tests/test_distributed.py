@@ -83,6 +83,7 @@ def _two_ranks(data, save, arch, extra):
     return outs[0] + outs[1]
 
 
+@pytest.mark.heavy
 def test_two_gloo_ranks_resume_exactly_mid_epoch_after_the_first(tiny_data, tmp_path):
     """2 ranks stopped inside epoch 2 and resumed by the same command end bit-equal to 2 ranks trained
     without a stop (dropout on, --update-freq 2, fp32)."""

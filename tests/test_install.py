@@ -14,6 +14,8 @@ import os
 import shutil
 import sys
 
+import pytest
+
 from conftest import REPO, SAMPLE, run
 
 ORIGIN_HOOK = '''
@@ -87,6 +89,7 @@ def test_installed_copy_trains_and_decodes_from_any_folder(tiny_data, tmp_path):
         assert extension == "False", f"{prog} loaded a C++ extension the install left out"
 
 
+@pytest.mark.heavy
 def test_recipes_take_the_language_pair(tmp_path):
     """The sample's en/de files renamed fr/it (200 / 20 / 20 lines): binarize.sh --src fr --tgt it names
     the dictionaries and binaries fr/it; train.sh (SRC/TGT) trains on them and evaluate.sh (--src/--tgt)

@@ -596,6 +596,7 @@ def _nvcc():
     return shutil.which("nvcc") or next((p for p in ("/usr/local/cuda/bin/nvcc",) if os.path.exists(p)), None)
 
 
+@pytest.mark.heavy
 def test_cuda_sources_compile(tmp_path):
     """`nvcc -c` every csrc/cuda/*.cu, and `c++ -fsyntax-only` their host sides csrc/cuda/*.cpp, against
     this torch's headers (CI has nvcc and a CPU torch), so the CUDA build keeps compiling where no GPU

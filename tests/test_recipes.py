@@ -1,9 +1,12 @@
 """The shell recipes run end to end (tiny sizes, a few updates): what a user copies must work."""
 import os
 
+import pytest
+
 from conftest import REPO, clean_env, machine_precision, run
 
 
+@pytest.mark.heavy
 def test_one_wide_ffn_compare_recipe(tiny_data, tmp_path):
     out = tmp_path / "owf"
     p = run(["bash", os.path.join(REPO, "examples/one_wide_ffn/compare.sh"), str(tiny_data.parent / "corpus"),
@@ -15,6 +18,7 @@ def test_one_wide_ffn_compare_recipe(tiny_data, tmp_path):
     assert "sentences" in p.stdout
 
 
+@pytest.mark.heavy
 def test_can_distillation_recipe(trained, tiny_data, tmp_path):
     """The transformer_tiny checkpoint of the CLI fixture is the teacher; a tiny CAN student trains on
     its translations of the 2,000 training sentences."""
@@ -29,6 +33,7 @@ def test_can_distillation_recipe(trained, tiny_data, tmp_path):
     assert "done training" in p.stdout + p.stderr
 
 
+@pytest.mark.heavy
 def test_scaling_sparse_compare_recipe(tiny_data, tmp_path):
     """Dense vs sparse FFN+QKV at tiny size through fairseq-train / fairseq-generate (beam 5):
     the table carries the valid perplexity of each run."""
@@ -42,6 +47,7 @@ def test_scaling_sparse_compare_recipe(tiny_data, tmp_path):
     assert "100 test sentences" in table
 
 
+@pytest.mark.heavy
 def test_sas_translation_recipe(tiny_data, tmp_path):
     """sas_block (adam_no_decay_gains) vs the baseline through fairseq-train / fairseq-generate."""
     out = tmp_path / "sas"
@@ -52,6 +58,7 @@ def test_sas_translation_recipe(tiny_data, tmp_path):
         assert row in table, table
 
 
+@pytest.mark.heavy
 def test_sas_code_lm_recipe(tmp_path):
     """The code-LM pipeline end to end on the first 60 files of the repository's code corpus (data/code,
     prepare-code.sh's default): split, SentencePiece, binarize, the four blocks, curves."""
@@ -69,6 +76,7 @@ def test_sas_code_lm_recipe(tmp_path):
     assert (out / "curves.png").stat().st_size > 10000
 
 
+@pytest.mark.heavy
 def test_terraformer_synthetic_recipe(tmp_path):
     """Copy-task data, a Terraformer trained 2 updates, greedy decoding of valid and test, the scores."""
     import json
@@ -99,6 +107,7 @@ def test_terraformer_translation_recipe(tiny_data, tmp_path):
     assert (save / "checkpoint_last.pt").exists() and "done training" in p.stdout + p.stderr
 
 
+@pytest.mark.heavy
 def test_train_recipe_allocator(tiny_data, tmp_path):
     """examples/train.sh on a CPU preloads tcmalloc when the linker cache has it (ALLOCATOR=system keeps
     glibc's): the allocator changes no number, so both runs log the same losses; a bad ALLOCATOR is refused.

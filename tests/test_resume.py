@@ -93,6 +93,7 @@ KILLS = [(kill, PRECISION, MAX_UPDATE) for kill in ("write:5", "rename:3", "copy
 
 
 @pytest.mark.parametrize("kill,precision,max_update", KILLS, ids=[f"{k}-{p}" for k, p, _ in KILLS])
+@pytest.mark.heavy
 def test_killed_anywhere_resumes_exactly(kill, precision, max_update, tiny_data, tmp_path, tmp_path_factory):
     ref_save, ref_trace = _reference(tiny_data, precision, tmp_path_factory, max_update)
     save, trace = tmp_path / "run", tmp_path / "trace.jsonl"

@@ -22,6 +22,7 @@ def _study(out, corpus, results):
             str(corpus), "--configs", "one_wide_ffn", "--publish", str(results / "runs")]
 
 
+@pytest.mark.heavy
 def test_study_runs_resumes_and_tabulates(tiny_data, tmp_path):
     corpus, out, results = tiny_data.parent / "corpus", tmp_path / "study", tmp_path / "results"
     results.mkdir()
@@ -372,6 +373,7 @@ def test_synthetic_convergence_rules():
     assert synthetic_convergence(climbing, s) == "max_updates"
 
 
+@pytest.mark.heavy
 def test_synthetic_tasks_run_resume_and_tabulate(tmp_path):
     """The study's generalisation stage on the tiny protocol, without a translation corpus: killed after its
     second chunk trained and before that chunk's valid decoding was recorded, resumed to the end: the chunk
