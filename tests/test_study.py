@@ -22,7 +22,7 @@ def _study(out, corpus, results):
             str(corpus), "--configs", "one_wide_ffn", "--publish", str(results / "runs")]
 
 
-@pytest.mark.heavy
+@pytest.mark.heavy(6)
 def test_study_runs_resumes_and_tabulates(tiny_data, tmp_path):
     corpus, out, results = tiny_data.parent / "corpus", tmp_path / "study", tmp_path / "results"
     results.mkdir()
