@@ -25,7 +25,7 @@ lint: venv
 ## test         the test suite on every core (TEST_WORKERS=0: one process; PYTEST_ARGS=... to pytest; installs CTranslate2)
 test:
 	BENCH=1 ./scripts/bootstrap.sh
-	$(PY) -m pytest tests -n $(TEST_WORKERS) --dist load --maxschedchunk 1 $(PYTEST_ARGS)
+	$(PY) -m pytest tests -n $(TEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
 
 ## demo         train two tiny models, translate and score with them and with the shipped checkpoints
 demo: venv
