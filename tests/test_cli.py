@@ -2,6 +2,7 @@
 train -> resume -> average -> generate (sacrebleu) -> interactive, with no environment variable
 touching torch.load, and a crafted checkpoint refused."""
 import os
+import random
 import re
 import subprocess
 import sys
@@ -157,7 +158,7 @@ def test_crafted_checkpoint_is_refused(tmp_path):
 
 
 @pytest.mark.parametrize("content,problem", [
-    (b"", "is empty (0 bytes)"), (os.urandom(3000), "is truncated or not a torch checkpoint (3,000 bytes"),
+    (b"", "is empty (0 bytes)"), (random.Random(3000).randbytes(3000), "is truncated or not a torch checkpoint (3,000 bytes"),
     ("half", "is truncated or not a torch checkpoint")])
 def test_unloadable_checkpoint_says_what_is_wrong(content, problem, tmp_path):
     import fairseq_ext  # noqa: F401
