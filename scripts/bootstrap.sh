@@ -34,12 +34,13 @@ if [ ! -f "$STAMP" ]; then
       tqdm bitarray scikit-learn packaging sentencepiece subword-nmt matplotlib pytest psutil
   touch "$STAMP"
 fi
-# the linter of `make lint` and .ci/run (pinned: the same findings everywhere; ruff has no dependencies)
-"$VENV/bin/python" -c "import importlib.metadata as m, sys; sys.exit(m.version('ruff') != '0.17.6')" 2>/dev/null \
-  || pip install -q ruff==0.17.6
-# the test runner's parallel workers (`make test` runs the suite on every core, up to 4: pytest -n)
-"$VENV/bin/python" -c "import importlib.metadata as m, sys; sys.exit(m.version('pytest-xdist') != '3.8.0')" 2>/dev/null \
-  || pip install -q pytest-xdist==3.8.0
+# Pinned tools outside the stamped install, checked on every run (an existing .venv gets a new one too).
+pinned() {
+  "$VENV/bin/python" -c "import importlib.metadata as m, sys; sys.exit(m.version('$1') != '$2')" 2>/dev/null \
+    || pip install -q "$1==$2"
+}
+pinned ruff 0.17.6          # the linter of `make lint` and .ci/run (the same findings everywhere; no dependencies)
+pinned pytest-xdist 3.8.0   # the test runner's parallel workers (`make test` runs the suite on every core, up to 4)
 # benchmark-only, on request (BENCH=1; `make bench`): setup.py's [bench] extra with CTranslate2 pinned, the
 # reference point of benchmarks/decode_speed.py's NAME+ct2 models (its requirements are numpy, pyyaml,
 # setuptools: no torch). Without it those models are skipped with a note, and so are the tests that need it.
