@@ -4,21 +4,23 @@ at epoch 2 or later — the same command resumes and ends with the parameters of
 bit for bit, having trained on the same batches in the same order. A finished run stays finished; an
 unreadable checkpoint_last.pt falls back to the newest readable checkpoint.
 
-The runs use --update-freq 2, dropout and saves every 5 updates and at every epoch end (14 updates per epoch:
-40 updates end in epoch 3), in the precision this machine trains in (fairseq_ext/tools/precision.py:
+The runs train on the first 600 pairs of the tiny set (`resume_data`) with --max-tokens 1200, --update-freq 2,
+dropout and saves every 5 updates and at every epoch end (14 updates per epoch: 40 updates end in epoch 3), in
+the precision this machine trains in (fairseq_ext/tools/precision.py:
 bf16 autocast, --bf16 on CPU, where the CPU has native bf16; fp32 elsewhere, where emulated bf16 would make
 each run several times slower). A kill in the middle of an epoch is also tested in bf16 on every machine
 (bf16 training draws its dropout masks otherwise: hashed dropout)."""
 import hashlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 
 import pytest
 
-from conftest import REPO, clean_env, machine_precision
+from conftest import BIN, REPO, clean_env, machine_precision, run
 from matrix import USER_DIR
 
 HELPER = os.path.join(REPO, "tests", "train_with_faults.py")
@@ -33,7 +35,7 @@ def _args(data, save, max_update=MAX_UPDATE, arch="transformer_tiny", precision=
             "--source-lang", "en", "--target-lang", "de", "--arch", arch, "--share-all-embeddings",
             "--optimizer", "adam", "--lr", "2e-3", "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "10",
             "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1", "--dropout", "0.1",
-            "--max-tokens", "4000", "--update-freq", "2", *(["--bf16"] if precision == "bf16" else []),
+            "--max-tokens", "1200", "--update-freq", "2", *(["--bf16"] if precision == "bf16" else []),
             "--save-dir", str(save),
             "--save-interval-updates", "5", "--keep-interval-updates", "2", "--keep-last-epochs", "2",
             "--max-update", str(max_update), "--seed", "11", "--log-format", "simple", "--log-interval", "5"]
@@ -63,6 +65,22 @@ def _params(path):
     return state["optimizer_history"][-1]["num_updates"], state["model"]
 
 
+@pytest.fixture(scope="session")
+def resume_data(tiny_data, tmp_path_factory):
+    """The first 600 training pairs of the tiny set (its SentencePiece pieces and dictionary) and its 100 valid
+    pairs, binarized: with --max-tokens 1200 and --update-freq 2, 14 updates per epoch."""
+    root = tmp_path_factory.mktemp("resume_data")
+    (root / "tok").mkdir()
+    for lang in ("en", "de"):
+        lines = (tiny_data / "tok" / f"train.{lang}").read_text(encoding="utf-8").splitlines(keepends=True)
+        (root / "tok" / f"train.{lang}").write_text("".join(lines[:600]), encoding="utf-8")
+    run([os.path.join(BIN, "fairseq-preprocess"), "--source-lang", "en", "--target-lang", "de", "--trainpref",
+         str(root / "tok" / "train"), "--validpref", str(tiny_data / "tok" / "valid"), "--srcdict",
+         str(tiny_data / "bin" / "dict.en.txt"), "--tgtdict", str(tiny_data / "bin" / "dict.de.txt"),
+         "--destdir", str(root / "bin"), "--workers", "1"])
+    return root
+
+
 _references = {}
 
 
@@ -75,13 +93,14 @@ def _reference(data, precision, tmp_path_factory, max_update=MAX_UPDATE):
         assert rc == 0, out[-4000:]
         assert ("bf16 on CPU" in out) == (precision == "bf16"), out[-3000:]
         assert "epoch 003" in out, "the reference run must reach epoch 3"
+        assert re.search(r"epoch 001: +5 / 14 ", out), "the kill points assume 14 updates per epoch"
         _references[precision, max_update] = save, trace
     return _references[precision, max_update]
 
 
 @pytest.fixture
-def reference(tiny_data, tmp_path_factory):
-    return _reference(tiny_data, PRECISION, tmp_path_factory)
+def reference(resume_data, tmp_path_factory):
+    return _reference(resume_data, PRECISION, tmp_path_factory)
 
 
 # kill points, one of each kind: inside a checkpoint write (an epoch save), before a rename, during the
@@ -94,13 +113,13 @@ KILLS = [(kill, PRECISION, MAX_UPDATE) for kill in ("write:5", "rename:3", "copy
 
 @pytest.mark.parametrize("kill,precision,max_update", KILLS, ids=[f"{k}-{p}" for k, p, _ in KILLS])
 @pytest.mark.heavy
-def test_killed_anywhere_resumes_exactly(kill, precision, max_update, tiny_data, tmp_path, tmp_path_factory):
-    ref_save, ref_trace = _reference(tiny_data, precision, tmp_path_factory, max_update)
+def test_killed_anywhere_resumes_exactly(kill, precision, max_update, resume_data, tmp_path, tmp_path_factory):
+    ref_save, ref_trace = _reference(resume_data, precision, tmp_path_factory, max_update)
     save, trace = tmp_path / "run", tmp_path / "trace.jsonl"
     how = dict(trace=trace, precision=precision, max_update=max_update)
-    rc, out = _train(tiny_data, save, kill=kill, **how)
+    rc, out = _train(resume_data, save, kill=kill, **how)
     assert rc == -signal.SIGKILL, f"the fault {kill} did not fire (rc {rc})\n{out[-3000:]}"
-    rc, out = _train(tiny_data, save, **how)  # the same command again
+    rc, out = _train(resume_data, save, **how)  # the same command again
     assert rc == 0, out[-4000:]
     n_ref, ref = _params(ref_save / "checkpoint_last.pt")
     n, got = _params(save / "checkpoint_last.pt")
@@ -115,10 +134,10 @@ def test_killed_anywhere_resumes_exactly(kill, precision, max_update, tiny_data,
             assert readable_checkpoint(str(save / name)) == "", name
 
 
-def test_rerunning_a_finished_run_trains_nothing(reference, tiny_data, tmp_path):
+def test_rerunning_a_finished_run_trains_nothing(reference, resume_data, tmp_path):
     ref_save, _ = reference
     digest = hashlib.sha256((ref_save / "checkpoint_last.pt").read_bytes()).hexdigest()
-    rc, out = _train(tiny_data, ref_save)
+    rc, out = _train(resume_data, ref_save)
     assert rc == 0, out[-3000:]
     assert f"nothing to train: the run in {ref_save} is finished ({MAX_UPDATE} updates, --max-update {MAX_UPDATE})" in out
     assert hashlib.sha256((ref_save / "checkpoint_last.pt").read_bytes()).hexdigest() == digest
@@ -126,16 +145,16 @@ def test_rerunning_a_finished_run_trains_nothing(reference, tiny_data, tmp_path)
 
 
 @pytest.mark.parametrize("damage", ["truncated", "empty", "garbage"])
-def test_unreadable_last_checkpoint_falls_back_to_newest_readable(damage, tiny_data, tmp_path):
+def test_unreadable_last_checkpoint_falls_back_to_newest_readable(damage, resume_data, tmp_path):
     save = tmp_path / "run"
-    rc, out = _train(tiny_data, save, max_update=15)
+    rc, out = _train(resume_data, save, max_update=15)
     assert rc == 0, out[-3000:]
     last = save / "checkpoint_last.pt"
     others = sorted((p for p in save.glob("checkpoint*.pt") if p != last), key=lambda p: p.stat().st_mtime)
     newest = others[-1]
     data = last.read_bytes()
     last.write_bytes({"truncated": data[: len(data) // 3], "empty": b"", "garbage": os.urandom(5000)}[damage])
-    rc, out = _train(tiny_data, save, max_update=20)
+    rc, out = _train(resume_data, save, max_update=20)
     assert rc == 0, out[-3000:]
     assert f"{last} " in out and f"resuming from {newest} instead" in out, out[-3000:]
     assert (save / "checkpoint_last.pt.unreadable").exists()
@@ -143,10 +162,10 @@ def test_unreadable_last_checkpoint_falls_back_to_newest_readable(damage, tiny_d
     assert n == 20
 
 
-def test_no_readable_checkpoint_is_a_clear_error(tiny_data, tmp_path):
+def test_no_readable_checkpoint_is_a_clear_error(resume_data, tmp_path):
     save = tmp_path / "run"
     save.mkdir()
     (save / "checkpoint_last.pt").write_bytes(b"")
-    rc, out = _train(tiny_data, save, max_update=5)
+    rc, out = _train(resume_data, save, max_update=5)
     assert rc != 0
     assert f"cannot resume: {save}/checkpoint_last.pt is empty (0 bytes), and no other readable checkpoint" in out

@@ -73,6 +73,13 @@ def average_checkpoints(inputs):
     return new_state
 
 
+def write_average(inputs, output):
+    """The average of `inputs` written to `output` atomically (never a half-written file under that name)."""
+    state = average_checkpoints(inputs)
+    install_checkpoint_safe_globals()
+    atomic_save(state, output)
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--inputs", required=True, nargs="+", help="checkpoint files, or one folder with --num-*")
@@ -100,11 +107,9 @@ def main(argv=None):
         p.error(f"not a checkpoint file: {', '.join(missing)} (give files, or a folder with --num-*-checkpoints)")
     print("averaging:", " ".join(inputs))
     try:
-        state = average_checkpoints(inputs)
+        write_average(inputs, args.output)
     except CheckpointError as e:
         raise SystemExit(str(e)) from None
-    install_checkpoint_safe_globals()
-    atomic_save(state, args.output)  # never leave a half-written checkpoint under the final name
     print(f"wrote {args.output}")
 
 

@@ -8,11 +8,12 @@
 `run` carries out the protocol of docs/results/README.md in OUT, resumable at any point: a finished run
 is skipped, an interrupted one resumes from its checkpoint_last.pt (exact: fairseq_ext/checkpointing.py),
 so the study can be carried across sittings and machines. Several `run` processes may share OUT (e.g. one
-per core with OMP_NUM_THREADS=1): each claims a different run (an flock on a file in its folder). Each run trains one epoch per fairseq-train call
-(examples/train.sh) until its convergence rule holds, then averages its last epoch checkpoints, measures
-the averaged model's valid loss (fairseq-validate) and translates the test set (examples/evaluate.sh,
-beam 5, sacrebleu). Its result, one JSON file, goes to OUT/results/NAME.json and, for the paper protocol,
-to docs/results/runs/NAME.json (what `table` reads and what is committed). Terraformer's generalisation
+per core with OMP_NUM_THREADS=1): each claims a different run (an flock on a file in its folder). Each run
+trains one epoch per fairseq-train call (examples/train.sh) until its convergence rule holds, then averages
+its last epoch checkpoints (in the `run` process), measures the averaged model's valid loss (fairseq-validate)
+and translates the test set (examples/evaluate.sh, beam 5, sacrebleu). Its result, one JSON file, goes to
+OUT/results/NAME.json and, for the paper protocol, to docs/results/runs/NAME.json (what `table` reads and
+what is committed). Terraformer's generalisation
 tasks (copy and addition, each with the Terraformer and the Transformer: configurations copy_terraformer ...
 addition_transformer) train in chunks of updates until their in-distribution accuracy stops improving
 (`do_synthetic`); `--configs copy_transformer,...` runs only those, without the translation corpus.
@@ -739,14 +740,14 @@ class Study:
             os.replace(tmp, path)
 
     def evaluate(self, name, config, lr, seed, save, valid, stop):
+        from .average_checkpoints import last_n_checkpoints, write_average
         from .train_log import parse_train_log
 
         epochs = sorted((int(m.group(1)), f) for f in os.listdir(save)
                         if (m := re.fullmatch(r"checkpoint(\d+)\.pt", f)))
         n = min(self.p.average, len(epochs))
         avg = os.path.join(save, "averaged.pt")
-        sh([sys.executable, "-m", "fairseq_ext.tools.average_checkpoints", "--inputs", save,
-            "--num-epoch-checkpoints", str(n), "--output", avg])
+        write_average(last_n_checkpoints([save], n, update_based=False), avg)  # in this process: no fairseq start-up
         data_bin = os.path.join(self.data, "bin")
         out = sh(["fairseq-validate", data_bin, "--user-dir", os.path.join(REPO, "fairseq_ext"), "--path", avg,
                   "--task", "translation", "--source-lang", "en", "--target-lang", "de", "--valid-subset", "valid",
