@@ -7,7 +7,9 @@
 # fairseq-train log's last validation (loss, perplexity) to score.json. GENERATE=fairseq-ext-generate
 # decodes with the fast path (add --bf16 or --int8 to the flags for bf16 weights or its int8 decoder). On a CUDA device it decodes in fp16
 # (PRECISION=fp32 keeps fp32), elsewhere on the CPU. The test set is tokenized with
-# the model's own SentencePiece model and binarized with its dictionary. Beam 5 by default.
+# the model's own SentencePiece model and binarized with its dictionary, or TEST_BIN=dir decodes a test set
+# binarized already with them: binarize.sh's bin/ of the corpus the model was trained on (its spm.model and
+# dictionaries must be the model's; checked). Beam 5 by default.
 set -euo pipefail
 model=$1; corpus=$2; out=$3; shift 3
 here=$(cd "$(dirname "$0")" && pwd)
@@ -20,7 +22,16 @@ ckpt=${CKPT:-$model/checkpoint.pt}
 mkdir -p "$out"
 if [ -f "$model/SHA256SUMS" ]; then (cd "$model" && sha256sum --quiet -c SHA256SUMS) || {
   echo "checksum mismatch in $model (see SHA256SUMS)" >&2; exit 1; }; fi
-if [ ! -f "$out/bin/.done" ]; then
+bin=$out/bin
+if [ -n "${TEST_BIN:-}" ]; then
+  for f in spm.model "dict.$src.txt" "dict.$tgt.txt"; do
+    cmp -s "$TEST_BIN/$f" "$model/$f" || { echo "evaluate.sh: TEST_BIN=$TEST_BIN: its $f is not $model/$f" \
+      "(binarized for another model); unset TEST_BIN to binarize the test set with the model's own" >&2; exit 2; }
+  done
+  [ -f "$TEST_BIN/test.$src-$tgt.$src.idx" ] || { echo "evaluate.sh: TEST_BIN=$TEST_BIN has no test split" \
+    "(test.$src-$tgt.$src.idx)" >&2; exit 2; }
+  bin=$TEST_BIN
+elif [ ! -f "$out/bin/.done" ]; then
   python "$here/data/tokenize_corpus.py" --corpus "$corpus" --out "$out" --src "$src" --tgt "$tgt" \
     --apply "$model/spm.model" --splits test >/dev/null
   rm -rf "$out/bin"
@@ -29,7 +40,7 @@ if [ ! -f "$out/bin/.done" ]; then
     || { cat "$out/preprocess.log"; exit 1; }
   touch "$out/bin/.done"
 fi
-"${GENERATE:-fairseq-generate}" "$out/bin" --user-dir "$here/../fairseq_ext" "${decode_device[@]}" --path "$ckpt" --gen-subset test \
+"${GENERATE:-fairseq-generate}" "$bin" --user-dir "$here/../fairseq_ext" "${decode_device[@]}" --path "$ckpt" --gen-subset test \
   --source-lang "$src" --target-lang "$tgt" --beam 5 --max-tokens 6000 --scoring sacrebleu \
   --post-process sentencepiece ${flags[@]+"${flags[@]}"} > "$out/generate.out" 2>&1 \
   || { tail -30 "$out/generate.out"; exit 1; }

@@ -10,13 +10,15 @@ test_recipes_take_the_language_pair: examples/data/binarize.sh, train.sh and eva
 whose files are named fr/it instead of en/de.
 """
 import gzip
+import json
 import os
 import shutil
+import subprocess
 import sys
 
 import pytest
 
-from conftest import REPO, SAMPLE, run
+from conftest import REPO, SAMPLE, clean_env, run
 
 ORIGIN_HOOK = '''
 import atexit, os, sys
@@ -125,3 +127,23 @@ def test_recipes_take_the_language_pair(tmp_path):
     gen = (tmp_path / "eval" / "generate.out").read_text()
     assert sum(line.startswith("H-") for line in gen.splitlines()) == 20
     assert (tmp_path / "eval" / "score.json").is_file()
+
+    # TEST_BIN=binarize.sh's bin/: its test split is evaluate.sh's own binarization byte for byte, decoded as is
+    for f in ("fr.bin", "fr.idx", "it.bin", "it.idx"):
+        assert (bin_dir / f"test.fr-it.{f}").read_bytes() == (tmp_path / "eval" / "bin" / f"test.fr-it.{f}").read_bytes()
+    evaluate = ["bash", os.path.join(REPO, "examples/evaluate.sh"), str(bin_dir), str(corpus), str(tmp_path / "eval2"),
+                "--src", "fr", "--tgt", "it", "--beam", "1", "--max-len-a", "0", "--max-len-b", "5"]
+    run(evaluate, CKPT=str(save / "checkpoint_last.pt"), OMP_NUM_THREADS="1", TEST_BIN=str(bin_dir))
+    assert not (tmp_path / "eval2" / "bin").exists()
+    hyps = lambda d: sorted(l for l in (d / "generate.out").read_text().splitlines() if l[:2] in ("H-", "D-"))  # noqa: E731
+    assert hyps(tmp_path / "eval2") == hyps(tmp_path / "eval")
+    scores = [json.loads((tmp_path / d / "score.json").read_text()) for d in ("eval", "eval2")]
+    assert [(s["bleu"], s["chrf"]) for s in scores] == [(scores[0]["bleu"], scores[0]["chrf"])] * 2
+    # ... and one binarized with another dictionary is refused, naming the file and the fix
+    other = tmp_path / "other-bin"
+    shutil.copytree(bin_dir, other)
+    with open(other / "dict.fr.txt", "a", encoding="utf-8") as f:
+        f.write("autre 1\n")
+    bad = subprocess.run(evaluate, cwd=REPO, env=clean_env(CKPT=str(save / "checkpoint_last.pt"), TEST_BIN=str(other)),
+                         capture_output=True, text=True)
+    assert bad.returncode == 2 and "its dict.fr.txt is not" in bad.stderr and "unset TEST_BIN" in bad.stderr, bad.stderr

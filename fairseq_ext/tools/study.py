@@ -759,7 +759,7 @@ class Study:
             shutil.copy(os.path.join(data_bin, f"dict.{lang}.txt"), save)
         ev = os.path.join(save, "eval")
         sh(["bash", os.path.join(REPO, "examples/evaluate.sh"), save, self.p.corpus, ev] + self.p.eval_flags,
-           env={"CKPT": avg})
+           env={"CKPT": avg, "TEST_BIN": data_bin})  # the test split binarized with the study's spm and dictionary
         with open(os.path.join(ev, "score.json")) as f:
             score = json.load(f)
         log_ = parse_train_log(os.path.join(save, "train.log"))
