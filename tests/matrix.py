@@ -1,4 +1,8 @@
 """Helpers of the shared architecture matrix: build any registered arch from CLI-style args."""
+import argparse
+import copy
+import functools
+
 import torch
 
 from conftest import USER_DIR  # noqa: F401  (re-exported for the tests)
@@ -14,12 +18,10 @@ def matrix_archs():
     return ["transformer_tiny"] + [a for a in package_archs() if a.endswith("_tiny")]
 
 
-def parse_args(data_dir, arch, extra=(), save_dir=None, share_flag=True):
-    """fairseq-train's own parser over a CLI-style argument list (what a user types): translation
-    EN-DE, or language modelling on the German side (one sentence per sample) for an LM arch.
-    share_flag=False leaves out --share-all-embeddings (what the arch does by itself)."""
-    from fairseq import options
-
+def cli_args(data_dir, arch, extra=(), save_dir=None, share_flag=True):
+    """The CLI-style argument list (what a user types): translation EN-DE, or language modelling on the
+    German side (one sentence per sample) for an LM arch. share_flag=False leaves out --share-all-embeddings
+    (what the arch does by itself)."""
     if is_lm(arch):
         task = [str(data_dir / "lm-bin"), "--task", "language_modeling", "--tokens-per-sample", "64",
                 "--sample-break-mode", "eos"]
@@ -34,17 +36,38 @@ def parse_args(data_dir, arch, extra=(), save_dir=None, share_flag=True):
     ]
     if save_dir is not None:
         argv += ["--save-dir", str(save_dir)]
-    parser = options.get_training_parser()
-    return options.parse_args_and_arch(parser, argv + list(extra))
+    return argv + [str(x) for x in extra]
+
+
+@functools.lru_cache(maxsize=None)
+def _config(argv):
+    """fairseq-train's config for an argument list: its parser, then fairseq's conversion to the structured
+    config (hydra's compose: ~0.5 s a call, so each list is converted once per test process). An error is
+    not cached: a bad flag fails every time."""
+    from fairseq import options
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+    return convert_namespace_to_omegaconf(options.parse_args_and_arch(options.get_training_parser(), list(argv)))
+
+
+def config(data_dir, arch, extra=(), save_dir=None, share_flag=True):
+    """A private copy of fairseq-train's config: nothing a test or a model build changes in it (building a
+    legacy arch writes into cfg.model, an argparse.Namespace inside the DictConfig) reaches another build."""
+    from fairseq.dataclass.utils import omegaconf_no_object_check
+
+    cfg = copy.deepcopy(_config(tuple(cli_args(data_dir, arch, extra, save_dir, share_flag))))
+    with omegaconf_no_object_check():
+        for k in list(cfg.keys()):
+            if isinstance(cfg[k], argparse.Namespace):  # deepcopy of a DictConfig shares these
+                cfg[k] = copy.deepcopy(cfg[k])
+    return cfg
 
 
 def build(data_dir, arch, extra=(), save_dir=None, share_flag=True):
     """(cfg, task, model, criterion) as fairseq-train builds them."""
     from fairseq import tasks
-    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
-    args = parse_args(data_dir, arch, extra, save_dir, share_flag)
-    cfg = convert_namespace_to_omegaconf(args)
+    cfg = config(data_dir, arch, extra, save_dir, share_flag)
     task = tasks.setup_task(cfg.task)
     model = task.build_model(cfg.model)
     criterion = task.build_criterion(cfg.criterion)
