@@ -5,8 +5,8 @@
 # NAME trains `TRAIN_SCRIPT SIZE OUT_DIR/data/bin OUT_DIR/NAME --max-update MAX_UPDATE [flags]` (the
 # same batches: --max-tokens 4096, seed 1), averages its last 5 epoch checkpoints when there are 5,
 # translates the test set (beam 5, evaluate.sh, on the test split of OUT_DIR/data/bin), and prints one
-# table (parameters, final valid perplexity, BLEU, chrF, decoding speed) into OUT_DIR/results.md. A model already scored (its
-# OUT_DIR/NAME-eval/score.json exists) is not trained again: rerun to add models to the table.
+# table (parameters, final valid perplexity, BLEU, chrF, decoding speed) into OUT_DIR/results.md. A model
+# already scored (its OUT_DIR/NAME-eval/score.json exists) is not trained again: rerun to add models to the table.
 # Environment: VOCAB (SentencePiece size, default 8000), EVAL_FLAGS (extra fairseq-generate flags),
 # TITLE (table title).
 set -euo pipefail
