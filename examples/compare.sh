@@ -30,8 +30,8 @@ for spec in "$@"; do
     fi
     cp "$out/data/spm.model" "$out/data/bin/dict.${SRC:-en}.txt" "$out/data/bin/dict.${TGT:-de}.txt" "$save/"
     # shellcheck disable=SC2086
-    CKPT="$ckpt" TRAIN_LOG="$out/$name.train.log" TEST_BIN="$out/data/bin" "$ex/evaluate.sh" "$save" "$corpus" "$out/$name-eval" \
-      ${EVAL_FLAGS:-} > "$out/$name.score.txt"
+    CKPT="$ckpt" TRAIN_LOG="$out/$name.train.log" TEST_BIN="$out/data/bin" \
+      "$ex/evaluate.sh" "$save" "$corpus" "$out/$name-eval" ${EVAL_FLAGS:-} > "$out/$name.score.txt"
   fi
   entries+=("$name=$out/$name-eval/score.json")
 done
