@@ -20,7 +20,7 @@ import sys
 
 import pytest
 
-from conftest import BIN, REPO, clean_env, machine_precision, run
+from conftest import REPO, clean_env, machine_precision, run
 from matrix import USER_DIR
 
 HELPER = os.path.join(REPO, "tests", "train_with_faults.py")
@@ -74,7 +74,7 @@ def resume_data(tiny_data, tmp_path_factory):
     for lang in ("en", "de"):
         lines = (tiny_data / "tok" / f"train.{lang}").read_text(encoding="utf-8").splitlines(keepends=True)
         (root / "tok" / f"train.{lang}").write_text("".join(lines[:600]), encoding="utf-8")
-    run([os.path.join(BIN, "fairseq-preprocess"), "--source-lang", "en", "--target-lang", "de", "--trainpref",
+    run(["fairseq-preprocess", "--source-lang", "en", "--target-lang", "de", "--trainpref",
          str(root / "tok" / "train"), "--validpref", str(tiny_data / "tok" / "valid"), "--srcdict",
          str(tiny_data / "bin" / "dict.en.txt"), "--tgtdict", str(tiny_data / "bin" / "dict.de.txt"),
          "--destdir", str(root / "bin"), "--workers", "1"])
