@@ -165,6 +165,34 @@ def test_committed_results_docs_match_the_run_files():
     assert not stale, f"{stale}: run `python -m fairseq_ext.tools.study table`"
 
 
+def test_committed_shipped_study_models_match_their_runs():
+    """Each shipped/study-CONFIG folder is its configuration's median-BLEU seed of the committed run files,
+    its files match SHA256SUMS, its result reproduces the committed run, and its README names the folder
+    relative to the repository (no machine's path)."""
+    from fairseq_ext.compat import load_checkpoint
+    from fairseq_ext.tools.study import RESULTS
+    from fairseq_ext.tools.study_report import load_runs, main_lr
+    from fairseq_ext.tools.study_ship import REPRODUCED, _shown, median_seed
+
+    assert _shown(os.path.join(REPO, "shipped", "study-x")) == os.path.join("shipped", "study-x")
+    assert _shown("/elsewhere/study-x") == "/elsewhere/study-x"
+    runs = [r for r in load_runs(RESULTS) if r.get("role") in ("baseline", "main")]
+    lr = main_lr(runs)
+    folders = sorted(f for f in os.listdir(os.path.join(REPO, "shipped")) if f.startswith("study-"))
+    for folder in folders:
+        path = os.path.join(REPO, "shipped", folder)
+        seeds = [r for r in runs if r["config"] == folder[len("study-"):] and r["lr"] == lr]
+        chosen = median_seed(seeds)
+        score = json.loads(open(os.path.join(path, "score.json")).read())
+        assert score["name"] == chosen["name"], (folder, score["name"], chosen["name"])
+        assert all(score[k] == chosen[k] for k in REPRODUCED), folder
+        run(["sha256sum", "--quiet", "-c", "SHA256SUMS"], cwd=path)
+        readme = open(os.path.join(path, "README.md"), encoding="utf-8").read()
+        assert f"examples/evaluate.sh shipped/{folder} " in readme and REPO not in readme, folder
+        state = load_checkpoint(os.path.join(path, "checkpoint.pt"))
+        assert all(v.dtype == torch.float16 for v in state["model"].values() if v.is_floating_point())
+
+
 def test_claim_is_exclusive_and_dies_with_its_process(tmp_path):
     """A run is trained by one process at a time: a second claim fails while the first holds it, and the
     run is free again once its holder releases it or is killed (no stale lock to clean up); a run with a

@@ -23,6 +23,8 @@ import statistics
 from .export_checkpoint import export
 from .study_report import load_runs, main_lr
 
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
 
 def median_seed(runs):
     """The run of median test BLEU (lower middle for an even count; ties broken by seed)."""
@@ -38,6 +40,13 @@ def _log_lines(path):
             if line.startswith("$ ") or " | train | " in line or " | valid | " in line:
                 keep.append(line)
     return "".join(keep)
+
+
+def _shown(path):
+    """`path` as the shipped README names it: relative to the repository when inside it (no machine's own
+    absolute path in a committed file)."""
+    rel = os.path.relpath(os.path.abspath(path), REPO)
+    return path if rel.startswith(os.pardir) else rel
 
 
 # what a run trained again from the same settings and seed must reproduce (the rest is time and machine)
@@ -126,7 +135,7 @@ def ship(study, results, out, seeds, retrain=None):
                 "| train.log | the fairseq-train commands and per-epoch train/valid lines |\n"
                 "| score.json | the run's result file (settings, curve, scores, sacrebleu signatures) |\n"
                 "| SHA256SUMS | checked by examples/evaluate.sh before use |\n\n"
-                f"Model flags: `{run['flags']}`. Translate and score: `examples/evaluate.sh {dst} data/en-de "
+                f"Model flags: `{run['flags']}`. Translate and score: `examples/evaluate.sh {_shown(dst)} data/en-de "
                 "OUT` (`--user-dir fairseq_ext`).\n")
         shutil.rmtree(dst, ignore_errors=True)
         os.replace(tmp, dst)
