@@ -90,9 +90,14 @@ def test_study_runs_resumes_and_tabulates(tiny_data, tmp_path):
     from fairseq_ext.tools.study_ship import REPRODUCED
 
     median = json.loads((shipped / "study-baseline" / "score.json").read_text())["name"]
-    shutil.rmtree(out / "runs" / median)
     ship = [sys.executable, "-m", "fairseq_ext.tools.study", "ship", "--study", str(out), "--results", str(results),
             "--out", str(shipped), "--protocol", "tiny"]
+    # a folder that holds its chosen run already (name, checksums) is kept, even with the run's model gone
+    shutil.rmtree(out / "runs" / median)
+    kept = run(ship).stdout
+    assert f"baseline: {median} is shipped in" in kept and "one_wide_ffn: " in kept and "kept as it is" in kept, kept
+    with open(shipped / "study-baseline" / "dict.de.txt", "a") as f:
+        f.write("changed 1\n")  # no longer what SHA256SUMS says: shipped again, which needs the model
     missing = subprocess.run(ship, cwd=REPO, env=clean_env(), capture_output=True, text=True)
     assert missing.returncode != 0 and median in missing.stderr and "--retrain" in missing.stderr, missing.stderr
     again = run(ship + ["--retrain", "--corpus", str(corpus)], OMP_NUM_THREADS="1").stdout

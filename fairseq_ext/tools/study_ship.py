@@ -7,7 +7,8 @@ rate, the seed whose test BLEU is the median (the lower of the two middle ones f
 seed) goes to OUT/study-CONFIG/: its averaged checkpoint as fp16 weights without optimizer state
 (tools/export_checkpoint.py), the SentencePiece model and dictionaries it was trained with, its train/valid
 log lines, its result file (score.json) and SHA256SUMS, which examples/evaluate.sh checks, so `make demo`
-translates with it. A configuration whose seeds are not all finished is skipped (said so). A chosen run
+translates with it. A configuration whose seeds are not all finished is skipped (said so), and one whose folder
+holds its chosen run already (score.json, checksums) is kept as it is. A chosen run
 whose model is not in STUDY/runs (it finished on another machine or in a sitting whose STUDY was not kept) is
 an error naming the run, or with `--retrain` is trained again with the same settings and seed; its result is
 compared with the committed one (epochs, updates, valid curve, averaged valid loss, BLEU, chrF: identical on
@@ -58,6 +59,31 @@ def compare(committed, again):
     return {k: (committed.get(k), again.get(k)) for k in REPRODUCED if committed.get(k) != again.get(k)}
 
 
+def _already_shipped(dst, run):
+    """Whether folder `dst` holds `run` already: its score.json names the run and its files match SHA256SUMS. Such a folder is kept (a model trained again for it, and its
+    README's account of that, are not thrown away; a fresh machine does not train it a second time)."""
+    try:
+        with open(os.path.join(dst, "score.json")) as f:
+            score = json.load(f)
+        with open(os.path.join(dst, "SHA256SUMS")) as f:
+            sums = [line.split() for line in f if line.strip()]
+    except (OSError, ValueError):
+        return False
+    if score.get("name") != run["name"] or not sums:
+        return False
+    for digest, name in sums:
+        h = hashlib.sha256()
+        try:
+            with open(os.path.join(dst, name), "rb") as g:
+                for block in iter(lambda: g.read(1 << 20), b""):
+                    h.update(block)
+        except OSError:
+            return False
+        if h.hexdigest() != digest:
+            return False
+    return True
+
+
 def _retrained_note(run, again, differs):
     """The shipped README's paragraph on a model trained again: where, and how it compares."""
     def where(r):
@@ -91,6 +117,11 @@ def ship(study, results, out, seeds, retrain=None):
             print(f"{config}: {len(rs)}/{seeds} seeds finished, not shipped yet")
             continue
         run = median_seed(rs)
+        dst = os.path.join(out, f"study-{config}")
+        if _already_shipped(dst, run):
+            print(f"{config}: {run['name']} is shipped in {dst} already (kept as it is)")
+            shipped[config] = run["name"]
+            continue
         src = os.path.join(study, "runs", run["name"])
         model = os.path.join(src, "averaged.pt")
         again, note = None, ""  # the run trained again here, and the README's paragraph on it
@@ -103,7 +134,6 @@ def ship(study, results, out, seeds, retrain=None):
             note = _retrained_note(run, again, differs)
             print(f"{run['name']}: trained again; " + ("identical to the committed run" if not differs else
                                                         f"differs from the committed run in {', '.join(differs)}"))
-        dst = os.path.join(out, f"study-{config}")
         tmp = dst + ".tmp"
         shutil.rmtree(tmp, ignore_errors=True)
         os.makedirs(tmp)
