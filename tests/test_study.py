@@ -194,6 +194,7 @@ def test_committed_shipped_study_models_match_their_runs():
         run(["sha256sum", "--quiet", "-c", "SHA256SUMS"], cwd=path)
         readme = open(os.path.join(path, "README.md"), encoding="utf-8").read()
         assert f"examples/evaluate.sh shipped/{folder} " in readme and REPO not in readme, folder
+        assert REPO + os.sep not in open(os.path.join(path, "train.log"), encoding="utf-8").read(), folder
         state = load_checkpoint(os.path.join(path, "checkpoint.pt"))
         assert all(v.dtype == torch.float16 for v in state["model"].values() if v.is_floating_point())
 

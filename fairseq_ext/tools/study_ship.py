@@ -34,12 +34,13 @@ def median_seed(runs):
 
 
 def _log_lines(path):
-    """The fairseq-train commands and the per-epoch train / valid summary lines of a run's log."""
+    """The fairseq-train commands and the per-epoch train / valid summary lines of a run's log, with paths
+    inside the repository written relative to it."""
     keep = []
     with open(path, encoding="utf-8", errors="replace") as f:
         for line in f:
             if line.startswith("$ ") or " | train | " in line or " | valid | " in line:
-                keep.append(line)
+                keep.append(line.replace(REPO + os.sep, ""))  # paths relative to the repository
     return "".join(keep)
 
 
