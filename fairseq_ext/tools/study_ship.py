@@ -22,9 +22,7 @@ import shutil
 import statistics
 
 from .export_checkpoint import export
-from .study_report import load_runs, main_lr
-
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from .study_report import REPO, load_runs, main_lr
 
 
 def median_seed(runs):
@@ -60,29 +58,24 @@ def compare(committed, again):
     return {k: (committed.get(k), again.get(k)) for k in REPRODUCED if committed.get(k) != again.get(k)}
 
 
+def _sha256(path):
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
 def _already_shipped(dst, run):
-    """Whether folder `dst` holds `run` already: its score.json names the run and its files match SHA256SUMS. Such a folder is kept (a model trained again for it, and its
-    README's account of that, are not thrown away; a fresh machine does not train it a second time)."""
+    """Whether folder `dst` holds `run` already: its score.json names the run and its files match SHA256SUMS.
+    Such a folder is kept (a model trained again for it, and its README's account of that, are not thrown
+    away; a fresh machine does not train it a second time)."""
     try:
         with open(os.path.join(dst, "score.json")) as f:
             score = json.load(f)
         with open(os.path.join(dst, "SHA256SUMS")) as f:
             sums = [line.split() for line in f if line.strip()]
+        return score.get("name") == run["name"] and bool(sums) and all(
+            _sha256(os.path.join(dst, name)) == digest for digest, name in sums)
     except (OSError, ValueError):
         return False
-    if score.get("name") != run["name"] or not sums:
-        return False
-    for digest, name in sums:
-        h = hashlib.sha256()
-        try:
-            with open(os.path.join(dst, name), "rb") as g:
-                for block in iter(lambda: g.read(1 << 20), b""):
-                    h.update(block)
-        except OSError:
-            return False
-        if h.hexdigest() != digest:
-            return False
-    return True
 
 
 def _retrained_note(run, again, differs):
@@ -141,8 +134,7 @@ def ship(study, results, out, seeds, retrain=None):
         digests = {"checkpoint.pt": export(model, os.path.join(tmp, "checkpoint.pt"), fp16=True)[2]}
         for name in ("spm.model", "dict.en.txt", "dict.de.txt"):
             shutil.copy(os.path.join(src, name), tmp)
-            with open(os.path.join(tmp, name), "rb") as g:
-                digests[name] = hashlib.sha256(g.read()).hexdigest()
+            digests[name] = _sha256(os.path.join(tmp, name))
         with open(os.path.join(tmp, "train.log"), "w", encoding="utf-8") as f:
             f.write(_log_lines(os.path.join(src, "train.log")))
         with open(os.path.join(tmp, "score.json"), "w") as f:
