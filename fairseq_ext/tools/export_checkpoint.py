@@ -64,10 +64,13 @@ def export(src, dst, fp16=False):
     tmp = dst + ".tmp"
     torch.save(out, tmp)
     os.replace(tmp, dst)
-    params = count_parameters(model)
-    with open(dst, "rb") as f:
-        digest = hashlib.sha256(f.read()).hexdigest()
-    return params, os.path.getsize(dst), digest
+    return count_parameters(model), os.path.getsize(dst), sha256_file(dst)
+
+
+def sha256_file(path):
+    """The sha256 hex digest of a file (the format of SHA256SUMS, which examples/evaluate.sh checks)."""
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
 
 
 def main(argv=None):

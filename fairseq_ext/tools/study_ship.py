@@ -15,13 +15,12 @@ compared with the committed one (epochs, updates, valid curve, averaged valid lo
 the same CPU model, precision and thread count, as training and resuming are deterministic) and the model
 ships with its own result file, the comparison written in its README.
 """
-import hashlib
 import json
 import os
 import shutil
 import statistics
 
-from .export_checkpoint import export
+from .export_checkpoint import export, sha256_file
 from .study_report import REPO, load_runs, main_lr
 
 
@@ -58,11 +57,6 @@ def compare(committed, again):
     return {k: (committed.get(k), again.get(k)) for k in REPRODUCED if committed.get(k) != again.get(k)}
 
 
-def _sha256(path):
-    with open(path, "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()
-
-
 def _already_shipped(dst, run):
     """Whether folder `dst` holds `run` already: its score.json names the run and its files match SHA256SUMS.
     Such a folder is kept (a model trained again for it, and its README's account of that, are not thrown
@@ -73,7 +67,7 @@ def _already_shipped(dst, run):
         with open(os.path.join(dst, "SHA256SUMS")) as f:
             sums = [line.split() for line in f if line.strip()]
         return score.get("name") == run["name"] and bool(sums) and all(
-            _sha256(os.path.join(dst, name)) == digest for digest, name in sums)
+            sha256_file(os.path.join(dst, name)) == digest for digest, name in sums)
     except (OSError, ValueError):
         return False
 
@@ -134,7 +128,7 @@ def ship(study, results, out, seeds, retrain=None):
         digests = {"checkpoint.pt": export(model, os.path.join(tmp, "checkpoint.pt"), fp16=True)[2]}
         for name in ("spm.model", "dict.en.txt", "dict.de.txt"):
             shutil.copy(os.path.join(src, name), tmp)
-            digests[name] = _sha256(os.path.join(tmp, name))
+            digests[name] = sha256_file(os.path.join(tmp, name))
         with open(os.path.join(tmp, "train.log"), "w", encoding="utf-8") as f:
             f.write(_log_lines(os.path.join(src, "train.log")))
         with open(os.path.join(tmp, "score.json"), "w") as f:
